@@ -1,0 +1,47 @@
+# The two commands of the README: `make run` and `make test`. Both install first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test lint typecheck unit bench lock clean
+
+install: $(STAMP)
+
+# Reinstall whenever the declared dependencies or the pinned lock change.
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "sparkpoint needs Python 3.11 or newer")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+run: install
+	$(BIN)/sparkpoint demo
+
+lint: install
+	$(BIN)/ruff check services tests bench
+	$(BIN)/ruff format --check services tests bench
+
+typecheck: install
+	$(BIN)/mypy
+
+# pytest exits 5 when it collects no test: make treats that as a failure, as it should.
+test: lint typecheck
+	$(BIN)/pytest
+
+unit: install
+	$(BIN)/pytest -m unit
+
+bench: install
+	$(BIN)/python bench/codec.py
+
+# Regenerate the pinned lock from a fresh resolution of pyproject.toml's lower bounds.
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	echo '# Pinned versions for every install (make lock rewrites this file).' > constraints.txt
+	.lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^sparkpoint' >> constraints.txt
+	rm -rf .lock-venv
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""sparkpoint: Flink-grade checkpointing for Spark pipelines, coordinated over Kafka."""

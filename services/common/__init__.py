@@ -1,0 +1,2 @@
+"""What every sparkpoint service shares: events and their Avro codec, Kafka clients and topics,
+the embedded broker."""
