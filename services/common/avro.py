@@ -228,7 +228,9 @@ class EventCodec:
         if len(data) < HEADER_SIZE:
             raise UndecodableEvent(f"{len(data)} bytes is shorter than the 10-byte header")
         if data[:2] != MAGIC:
-            raise UndecodableEvent(f"no single-object marker C3 01 (starts with {bytes(data[:2]).hex()})")
+            raise UndecodableEvent(
+                f"no single-object marker C3 01 (starts with {bytes(data[:2]).hex()})"
+            )
         fp = bytes(data[2:HEADER_SIZE])
         writer = self.catalogue.by_fingerprint(fp)
         if writer is None:
@@ -250,4 +252,3 @@ class EventCodec:
         if not isinstance(record, dict):
             raise UndecodableEvent(f"{writer.full_name}: body is not a record")
         return record
-

@@ -81,6 +81,13 @@ class SnapshotType(enum.Enum):
         return self.name.startswith("SAVEPOINT")
 
 
+class SavepointFormat(enum.Enum):
+    """Flink's SavepointFormatType: CANONICAL is relocatable and rescalable."""
+
+    CANONICAL = "CANONICAL"
+    NATIVE = "NATIVE"
+
+
 class StateHandleKind(enum.Enum):
     KEYED_STATE = "KEYED_STATE"
     OPERATOR_STATE = "OPERATOR_STATE"
@@ -187,6 +194,7 @@ class TriggerCheckpoint:
     unaligned: bool
     target_location: str
     aligned_checkpoint_timeout_ms: int | None = None
+    savepoint_format: SavepointFormat = SavepointFormat.CANONICAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +248,8 @@ class AcknowledgeCheckpoint:
     async_duration_ms: int
     persisted_data_bytes: int
     unaligned: bool
+    checkpointed_size_bytes: int = 0
+    processed_data_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
