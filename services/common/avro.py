@@ -242,10 +242,10 @@ class EventCodec:
         resolve_to = None if writer is reader else reader.parsed
         try:
             record = fastavro.schemaless_reader(body, writer.parsed, resolve_to)
-        except (EOFError, StopIteration) as exc:
-            raise UndecodableEvent(f"{writer.full_name}: body ends early") from exc
-        except Exception as exc:  # fastavro raises many types on corrupt input
-            raise UndecodableEvent(f"{writer.full_name}: corrupt body ({exc!r})") from exc
+        except Exception as exc:  # fastavro raises EOFError, IndexError, ValueError... on bad bytes
+            raise UndecodableEvent(
+                f"{writer.full_name}: truncated or corrupt body ({exc!r})"
+            ) from exc
         remaining = len(body.getbuffer()) - body.tell()
         if remaining:
             raise UndecodableEvent(f"{writer.full_name}: {remaining} bytes after the body")
