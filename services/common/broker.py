@@ -68,12 +68,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def wait_for_metadata(
     bootstrap: str, timeout_s: float, alive: Callable[[], bool] = lambda: True
 ) -> None:
     """Returns once the broker at ``bootstrap`` answers a metadata request; gives up early once
     ``alive`` says the broker process is gone."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, "logger": logging.getLogger("sparkpoint.librdkafka")}
+    )
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline and alive():

@@ -36,6 +36,10 @@ from services.common.topics import TopicSpec
 
 log = logging.getLogger(__name__)
 
+LIBRDKAFKA_LOG = logging.getLogger("sparkpoint.librdkafka")
+"""librdkafka's own log (connection failures, retries) goes here, not to stderr; the CLI shows it
+with --verbose. Errors that matter surface as exceptions or delivery reports."""
+
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 SESSION_TIMEOUT_MS = 6000
@@ -68,7 +72,7 @@ def _base(bootstrap: str, client_id: str) -> dict[str, Any]:
         "bootstrap.servers": bootstrap,
         "client.id": client_id,
         "socket.nagle.disable": True,
-        "log_level": 3,  # librdkafka errors only; everything else is reported through errors
+        "logger": LIBRDKAFKA_LOG,
     }
 
 

@@ -1,0 +1,255 @@
+"""`sparkpoint demo`: everything embedded, on one machine.
+
+What it runs today: the embedded broker, topic creation, and a scripted exchange that walks one
+job through the protocol (registration, a completed checkpoint, a runtime configuration change,
+a declined checkpoint, a failover request, a savepoint, the end of the job). Every event is
+published to its topic, read back from the broker and printed with where it landed. The
+coordinator and the Spark agent join the demo as they are built.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.common.avro import EventCodec
+from services.common.broker import EmbeddedBroker, free_port, port_is_free
+from services.common.events import (
+    AcknowledgeCheckpoint,
+    CheckpointEventType,
+    CheckpointFailureReason,
+    CheckpointLifecycleEvent,
+    CheckpointOverrides,
+    CheckpointSettings,
+    CheckpointStoreRecord,
+    ConfigChange,
+    DeclineCheckpoint,
+    Event,
+    FailoverRequest,
+    JobRegistered,
+    JobStatus,
+    JobStatusChanged,
+    NotifyCheckpointAborted,
+    NotifyCheckpointComplete,
+    RetainedCheckpoint,
+    SnapshotType,
+    StateHandle,
+    StateHandleKind,
+    Subtask,
+    TriggerCheckpoint,
+)
+from services.common.kafka import (
+    ConsumerProfile,
+    EventPublisher,
+    EventSubscriber,
+    Received,
+    make_admin,
+    make_consumer,
+    make_producer,
+    read_to_end,
+)
+from services.common.topics import (
+    ACKS,
+    CHECKPOINT_EVENTS,
+    CHECKPOINT_OVERRIDES,
+    CHECKPOINT_STORE,
+    CONFIG_CHANGES,
+    CONTROL,
+    JOBS,
+    TopicSpec,
+    TopicState,
+    create_topics,
+)
+
+EMBEDDED_PORT = 9092
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Step:
+    topic: TopicSpec
+    event: Event
+
+
+def scripted_exchange(job_id: str, now_ms: int) -> list[Step]:
+    """One job's life in events, in the order the parts would publish them."""
+    subtasks = [Subtask("keyed-0", 0, 0, 63), Subtask("keyed-1", 1, 64, 127)]
+    checkpoint_dir = f".sparkpoint/checkpoints/{job_id}"
+    epoch = 1
+    t = now_ms
+
+    def ack(checkpoint_id: int, subtask: Subtask) -> AcknowledgeCheckpoint:
+        handle = StateHandle(
+            f"{checkpoint_dir}/shared/kg-{subtask.key_group_start}-{subtask.key_group_end}-v{checkpoint_id}.arrow",
+            StateHandleKind.KEYED_STATE,
+            48_000,
+            subtask.key_group_start,
+            subtask.key_group_end,
+            shared=True,
+        )
+        return AcknowledgeCheckpoint(
+            job_id, checkpoint_id, subtask.subtask_id, 0, t + 120, [handle], 48_000, 2, 1, 35, 0, False,
+            checkpointed_size_bytes=48_000, processed_data_bytes=0,
+        )  # fmt: skip
+
+    before = CheckpointSettings(10_000, 600_000, 0, 1, 0, 0)
+    after = CheckpointSettings(10_000, 900_000, 0, 1, 0, 0)
+    return [
+        Step(JOBS, JobRegistered(
+            job_id, "payments-example", "agent-demo", 0, JobStatus.RUNNING, 2, 128, subtasks,
+            {"execution.checkpointing.interval": "10s", "execution.checkpointing.timeout": "10min"}, t,
+        )),
+        Step(CONTROL, TriggerCheckpoint(
+            job_id, epoch, 1, t + 10, SnapshotType.CHECKPOINT, True, False, f"{checkpoint_dir}/chk-1",
+        )),
+        Step(CHECKPOINT_EVENTS, CheckpointLifecycleEvent(
+            job_id, epoch, 1, CheckpointEventType.TRIGGERED, SnapshotType.CHECKPOINT, t + 10,
+        )),
+        Step(ACKS, ack(1, subtasks[0])),
+        Step(ACKS, ack(1, subtasks[1])),
+        Step(CONTROL, NotifyCheckpointComplete(job_id, epoch, 1, False, f"{checkpoint_dir}/chk-1", t + 130)),
+        Step(CHECKPOINT_EVENTS, CheckpointLifecycleEvent(
+            job_id, epoch, 1, CheckpointEventType.COMPLETED, SnapshotType.CHECKPOINT, t + 130,
+            external_path=f"{checkpoint_dir}/chk-1", duration_ms=120, state_size_bytes=96_000,
+        )),
+        Step(CHECKPOINT_STORE, CheckpointStoreRecord(job_id, epoch, 2, [RetainedCheckpoint(
+            1, SnapshotType.CHECKPOINT, True, t + 10, t + 130, f"{checkpoint_dir}/chk-1", 96_000,
+            [f"{checkpoint_dir}/shared/kg-0-63-v1.arrow", f"{checkpoint_dir}/shared/kg-64-127-v1.arrow"],
+        )], t + 131)),
+        Step(CHECKPOINT_OVERRIDES, CheckpointOverrides(
+            job_id, 1, CheckpointSettings(checkpoint_timeout_ms=900_000), "req-demo-1", t + 200,
+        )),
+        Step(CONFIG_CHANGES, ConfigChange(
+            job_id, "req-demo-1", "demo", t + 201, before, after, ["checkpointTimeout"], 1,
+        )),
+        Step(CONTROL, TriggerCheckpoint(
+            job_id, epoch, 2, t + 10_010, SnapshotType.CHECKPOINT, True, False, f"{checkpoint_dir}/chk-2",
+        )),
+        Step(ACKS, DeclineCheckpoint(
+            job_id, 2, "keyed-1", 0, CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION, t + 10_050,
+            "upload to checkpoint storage failed",
+        )),
+        Step(CONTROL, NotifyCheckpointAborted(
+            job_id, epoch, 2, CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION, t + 10_051,
+            "keyed-1: upload to checkpoint storage failed",
+        )),
+        Step(CHECKPOINT_EVENTS, CheckpointLifecycleEvent(
+            job_id, epoch, 2, CheckpointEventType.FAILED, SnapshotType.CHECKPOINT, t + 10_051,
+            failure_reason=CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION, duration_ms=41,
+        )),
+        Step(CONTROL, FailoverRequest(
+            job_id, epoch, CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION,
+            "1 consecutive failure > 0 tolerable", 1, t + 10_052, failed_checkpoint_id=2,
+            restore_checkpoint_id=1, restore_external_path=f"{checkpoint_dir}/chk-1",
+        )),
+        Step(CONTROL, TriggerCheckpoint(
+            job_id, epoch, 3, t + 20_000, SnapshotType.SAVEPOINT_TERMINATE, False, False,
+            f".sparkpoint/savepoints/savepoint-{job_id[:6]}-{uuid.uuid4().hex[:12]}",
+        )),
+        Step(JOBS, JobStatusChanged(job_id, "agent-demo", 1, JobStatus.FINISHED, t + 20_500)),
+    ]  # fmt: skip
+
+
+def describe(event: Event) -> str:
+    """A one-line, human summary of an event."""
+    match event:
+        case JobRegistered():
+            return f"job {event.job_name} registered: parallelism {event.parallelism}, {len(event.subtasks)} subtasks"
+        case JobStatusChanged():
+            return f"job is {event.status.name}"
+        case TriggerCheckpoint():
+            return f"trigger {event.snapshot_type.name.lower()} {event.checkpoint_id} -> {event.target_location}"
+        case AcknowledgeCheckpoint():
+            return f"{event.subtask_id} acknowledges {event.checkpoint_id}: {event.state_size_bytes} bytes, async {event.async_duration_ms} ms"
+        case DeclineCheckpoint():
+            return f"{event.subtask_id} declines {event.checkpoint_id}: {event.reason.name}"
+        case NotifyCheckpointComplete():
+            return f"checkpoint {event.checkpoint_id} complete at {event.external_path}"
+        case NotifyCheckpointAborted():
+            return f"checkpoint {event.checkpoint_id} aborted: {event.reason.name}"
+        case FailoverRequest():
+            return f"failover: restore checkpoint {event.restore_checkpoint_id} ({event.message})"
+        case CheckpointOverrides():
+            return f"override v{event.version}: timeout {event.overrides.checkpoint_timeout_ms} ms"
+        case ConfigChange():
+            return f"{event.principal} changed {', '.join(event.changed_fields)}: {event.old.checkpoint_timeout_ms} -> {event.new.checkpoint_timeout_ms} ms"
+        case CheckpointLifecycleEvent():
+            return f"checkpoint {event.checkpoint_id} {event.event_type.name}"
+        case CheckpointStoreRecord():
+            return f"store: next id {event.checkpoint_id_counter}, retained {[r.checkpoint_id for r in event.retained]}"
+    raise TypeError(f"not an event: {event!r}")
+
+
+def print_topics(states: list[TopicState], say: Say) -> None:
+    say("topics:")
+    width = max(len(s.name) for s in states)
+    for s in states:
+        verb = "created" if s.created else "exists"
+        say(
+            f"  {s.name:<{width}}  cleanup.policy={s.cleanup_policy:<7}  partitions={s.partitions}  {verb}"
+        )
+
+
+def run_exchange(bootstrap: str, codec: EventCodec, say: Say) -> list[Received]:
+    """Publishes the scripted exchange, reads every topic back, prints what arrived, in order."""
+    job_id = f"demo-{uuid.uuid4().hex[:8]}"
+    steps = scripted_exchange(job_id, int(time.time() * 1000))
+    # One record per batch: the topics are read back to their end offsets (see broker.py).
+    publisher = EventPublisher(make_producer(bootstrap, one_record_per_batch=True), codec)
+    delivered = [publisher.publish_sync(step.topic, job_id, step.event) for step in steps]
+    publisher.close()
+
+    received: dict[tuple[str, int, int], Received] = {}
+    for topic in {step.topic.name() for step in steps}:
+        subscriber = EventSubscriber(
+            make_consumer(bootstrap, profile=ConsumerProfile.REPLAY), codec
+        )
+        for record in read_to_end(subscriber, topic):
+            received[(record.topic, record.partition, record.offset)] = record
+        subscriber.close()
+
+    say(f"scripted exchange for job {job_id} (published, then read back from the broker):")
+    width = max(len(d.topic) for d in delivered) + 8
+    echoed = []
+    for step, where in zip(steps, delivered, strict=True):
+        arrived = received.get((where.topic, where.partition, where.offset))
+        if arrived is None or arrived.event != step.event:
+            raise RuntimeError(f"{where.topic}[{where.partition}]@{where.offset} did not read back")
+        echoed.append(arrived)
+        position = f"{where.topic}[{where.partition}]@{where.offset}"
+        say(f"  {position:<{width}}  {type(step.event).__name__:<24}  {describe(step.event)}")
+    return echoed
+
+
+def wait_for_interrupt() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+
+
+def run(bootstrap: str | None, partitions: int, once: bool, say: Say) -> None:
+    codec = EventCodec()
+    broker: EmbeddedBroker | None = None
+    try:
+        if bootstrap is None:
+            port = EMBEDDED_PORT if port_is_free(EMBEDDED_PORT) else free_port()
+            broker = EmbeddedBroker(port=port).start()
+            bootstrap = broker.bootstrap
+            say(f"broker: {bootstrap} (embedded tansu, memory only)")
+        else:
+            say(f"broker: {bootstrap}")
+        print_topics(create_topics(make_admin(bootstrap), partitions=partitions), say)
+        run_exchange(bootstrap, codec, say)
+        if not once:
+            say(f"the broker stays up at {bootstrap}; Ctrl-C to stop")
+            wait_for_interrupt()
+            say("stopping")
+    finally:
+        if broker is not None:
+            broker.stop()

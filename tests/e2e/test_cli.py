@@ -1,0 +1,96 @@
+"""The `sparkpoint` command, run as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from services.common.broker import free_port, wait_for_metadata
+from services.common.events import EVENT_TYPES
+from tests.conftest import KafkaUnderTest
+
+SPARKPOINT = str(Path(sys.executable).parent / "sparkpoint")
+
+
+def sparkpoint(
+    *args: str, prefix: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
+    if prefix is not None:
+        env["SPARKPOINT_TOPIC_PREFIX"] = prefix
+    return subprocess.run(
+        [SPARKPOINT, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+
+
+def test_demo_prints_broker_topics_and_a_round_trip_of_every_event_type() -> None:
+    result = sparkpoint("demo", "--once")
+
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(r"^broker: 127\.0\.0\.1:\d+ \(embedded tansu", out, re.M)
+    for suffix, policy in [
+        ("jobs", "compact"),
+        ("control", "delete"),
+        ("checkpoint-store", "compact"),
+    ]:
+        assert re.search(rf"sparkpoint\.{suffix}\s+cleanup\.policy={policy}", out)
+    printed = set(re.findall(r"@\d+\s+(\w+)\s", out))
+    assert printed == {cls.__name__ for cls in EVENT_TYPES}
+
+
+def test_topics_create_is_idempotent(kafka: KafkaUnderTest) -> None:
+    prefix = f"e2e{uuid.uuid4().hex[:8]}."
+    first = sparkpoint(
+        "topics", "create", "--bootstrap", kafka.bootstrap, "--partitions", "2", prefix=prefix
+    )
+    second = sparkpoint("topics", "create", "--bootstrap", kafka.bootstrap, prefix=prefix)
+
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert first.stdout.count(" created") == 7
+    assert second.stdout.count(" exists") == 7
+    assert f"{prefix}checkpoint-overrides" in second.stdout
+    assert "partitions=2" in second.stdout
+
+
+def test_broker_command_runs_in_the_foreground_until_terminated() -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [SPARKPOINT, "broker", "--port", str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_metadata(f"127.0.0.1:{port}", 15)
+        assert process.poll() is None
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(10)
+
+
+def test_bad_usage_exits_2() -> None:
+    result = sparkpoint("topics", "create", "--partitions", "zero")
+
+    assert result.returncode == 2
+    assert "--partitions" in result.stderr
+
+
+def test_an_unreachable_broker_is_one_clear_line_and_exit_1() -> None:
+    result = sparkpoint("topics", "create", "--bootstrap", f"127.0.0.1:{free_port()}")
+
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0
+    assert "cannot reach Kafka at 127.0.0.1:" in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["topics", "--help"], ["demo", "--help"]])
+def test_help_is_available(argv: list[str]) -> None:
+    result = sparkpoint(*argv)
+    assert result.returncode == 0
+    assert "usage: sparkpoint" in result.stdout
