@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from confluent_kafka.admin import AdminClient
+from services.common.kafka import make_admin
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +82,7 @@ def wait_for_metadata(
 ) -> None:
     """Returns once the broker at ``bootstrap`` answers a metadata request; gives up early once
     ``alive`` says the broker process is gone."""
-    admin = AdminClient(
-        {"bootstrap.servers": bootstrap, "logger": logging.getLogger("sparkpoint.librdkafka")}
-    )
+    admin = make_admin(bootstrap)
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline and alive():
