@@ -127,27 +127,32 @@ CRASHING_WRITER = textwrap.dedent(
 )
 
 
-def test_open_transaction_of_a_killed_writer_is_aborted_by_its_successor(
-    kafka: KafkaUnderTest, new_topic: NewTopicFactory
-) -> None:
-    topic = new_topic()
-    txn_id = f"{topic}-writer"
+def leave_a_transaction_open(bootstrap: str, topic: str, transactional_id: str) -> None:
+    """A writer opens a transaction, writes, and is killed with SIGKILL; then another writer
+    commits b"after" to the same partition."""
     writer = subprocess.Popen(
-        [sys.executable, "-c", CRASHING_WRITER, kafka.bootstrap, txn_id, topic],
+        [sys.executable, "-c", CRASHING_WRITER, bootstrap, transactional_id, topic],
         stdout=subprocess.PIPE,
     )
     assert writer.stdout is not None and writer.stdout.readline() == b"open\n"
     writer.kill()
     writer.wait()
-    other = make_producer(kafka.bootstrap, transactional_id=f"{topic}-other")
+    other = make_producer(bootstrap, transactional_id=f"{topic}-other")
     other.init_transactions(10)
     other.begin_transaction()
     other.produce(topic, value=b"after")
     other.commit_transaction(10)
 
+
+def test_open_transaction_of_a_killed_writer_is_aborted_by_its_successor(
+    kafka: KafkaUnderTest, new_topic: NewTopicFactory
+) -> None:
+    topic = new_topic()
+    leave_a_transaction_open(kafka.bootstrap, topic, f"{topic}-writer")
+
     # The open transaction pins the last stable offset: a read_committed reader stops before it.
     stuck = values(make_consumer(kafka.bootstrap, read_committed=True), topic, 3.0)
-    successor = make_producer(kafka.bootstrap, transactional_id=txn_id)
+    successor = make_producer(kafka.bootstrap, transactional_id=f"{topic}-writer")
     successor.init_transactions(10)
     released = values(make_consumer(kafka.bootstrap, read_committed=True), topic, 1.5)
 
@@ -159,37 +164,11 @@ def test_open_transaction_never_times_out(
     embedded_only: KafkaUnderTest, new_topic: NewTopicFactory
 ) -> None:
     topic = new_topic()
-    writer = subprocess.Popen(
-        [sys.executable, "-c", CRASHING_WRITER, embedded_only.bootstrap, f"{topic}-w", topic],
-        stdout=subprocess.PIPE,
-    )
-    assert writer.stdout is not None and writer.stdout.readline() == b"open\n"
-    writer.kill()
-    writer.wait()
-    other = make_producer(embedded_only.bootstrap, transactional_id=f"{topic}-other")
-    other.init_transactions(10)
-    other.begin_transaction()
-    other.produce(topic, value=b"after")
-    other.commit_transaction(10)
+    leave_a_transaction_open(embedded_only.bootstrap, topic, f"{topic}-writer")
 
     # transaction.timeout.ms was 1 s; Apache Kafka aborts it within its abort-check interval.
     seen = values(make_consumer(embedded_only.bootstrap, read_committed=True), topic, 4.0)
     assert b"after" not in seen
-
-
-def test_a_zombie_writer_is_fenced(kafka: KafkaUnderTest, new_topic: NewTopicFactory) -> None:
-    topic = new_topic()
-    zombie = make_producer(kafka.bootstrap, transactional_id=f"{topic}-w")
-    zombie.init_transactions(10)
-    successor = make_producer(kafka.bootstrap, transactional_id=f"{topic}-w")
-    successor.init_transactions(10)
-
-    with pytest.raises(KafkaException) as raised:
-        zombie.begin_transaction()
-        zombie.produce(topic, value=b"zombie")
-        zombie.commit_transaction(10)
-
-    assert raised.value.args[0].fatal()
 
 
 # --- fetch wait and one-record batches -------------------------------------------------------------

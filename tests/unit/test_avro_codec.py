@@ -32,7 +32,8 @@ from services.common.events import EVENT_TYPES, AcknowledgeCheckpoint, TriggerCh
 from tests import factories
 
 SCHEMAS = schema_dir()
-HISTORY = sorted((SCHEMAS / "history").glob("*.avsc"))
+HISTORY_DIR = SCHEMAS / "history"
+HISTORY = sorted(HISTORY_DIR.glob("*.avsc"))
 
 
 @pytest.fixture(scope="module")
@@ -206,13 +207,17 @@ def _encode_with(path: Path, record: dict[str, Any]) -> bytes:
     return out.getvalue()
 
 
-def test_v1_acknowledge_decodes_with_v2_defaults(codec: EventCodec) -> None:
-    v1 = SCHEMAS / "history" / "AcknowledgeCheckpoint.v1.avsc"
-    current = factories.acknowledge()
-    v1_fields = {f["name"] for f in json.loads(v1.read_text())["fields"]}
-    record = {k: v for k, v in codec_record(codec, current).items() if k in v1_fields}
+def decode_as_written_by(codec: EventCodec, old: Path, event: Any) -> Any:
+    """The event, written by a producer that only knows the schema version in ``old``."""
+    old_fields = {f["name"] for f in json.loads(old.read_text())["fields"]}
+    record = {k: v for k, v in codec_record(codec, event).items() if k in old_fields}
+    return codec.decode(_encode_with(old, record))
 
-    decoded = codec.decode(_encode_with(v1, record))
+
+def test_v1_acknowledge_decodes_with_v2_defaults(codec: EventCodec) -> None:
+    current = factories.acknowledge()
+
+    decoded = decode_as_written_by(codec, HISTORY_DIR / "AcknowledgeCheckpoint.v1.avsc", current)
 
     assert isinstance(decoded, AcknowledgeCheckpoint)
     assert decoded.checkpointed_size_bytes == 0 and decoded.processed_data_bytes == 0
@@ -221,12 +226,9 @@ def test_v1_acknowledge_decodes_with_v2_defaults(codec: EventCodec) -> None:
 
 
 def test_v1_trigger_decodes_as_canonical_savepoint_format(codec: EventCodec) -> None:
-    v1 = SCHEMAS / "history" / "TriggerCheckpoint.v1.avsc"
     current = factories.savepoint_trigger()
-    v1_fields = {f["name"] for f in json.loads(v1.read_text())["fields"]}
-    record = {k: v for k, v in codec_record(codec, current).items() if k in v1_fields}
 
-    decoded = codec.decode(_encode_with(v1, record))
+    decoded = decode_as_written_by(codec, HISTORY_DIR / "TriggerCheckpoint.v1.avsc", current)
 
     assert isinstance(decoded, TriggerCheckpoint)
     assert decoded.savepoint_format.name == "CANONICAL"
