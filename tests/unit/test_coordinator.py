@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -69,7 +70,7 @@ def test_periodic_triggers_are_one_interval_apart() -> None:
         driver.advance(1000)
         driver.acknowledge_all(driver.last_trigger_id())
     times = driver.trigger_times()
-    assert [b - a for a, b in zip(times, times[1:], strict=False)] == [1000, 1000, 1000]
+    assert [b - a for a, b in itertools.pairwise(times)] == [1000, 1000, 1000]
 
 
 def test_it_re_arms_from_a_stored_next_trigger_time() -> None:
@@ -324,7 +325,7 @@ def test_backlog_interval_is_used_while_backlogged() -> None:
     for _ in range(3):
         driver.acknowledge_all(triggered(driver))
     times = driver.trigger_times()
-    assert [b - a for a, b in zip(times, times[1:], strict=False)] == [5000, 5000]
+    assert [b - a for a, b in itertools.pairwise(times)] == [5000, 5000]
 
 
 # --- declines, failures and failover ------------------------------------------------------------------

@@ -78,7 +78,7 @@ def test_an_unknown_checkpointing_option_is_named() -> None:
 
 
 def test_a_bad_value_names_its_option() -> None:
-    with pytest.raises(ConfigError, match="execution.checkpointing.timeout"):
+    with pytest.raises(ConfigError, match=r"execution\.checkpointing\.timeout"):
         CheckpointConfig.from_options({"execution.checkpointing.timeout": "soon"})
 
 
