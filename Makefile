@@ -34,6 +34,7 @@ unit: install
 
 bench: install
 	$(BIN)/python bench/codec.py
+	$(BIN)/python bench/coordinator_core.py
 
 # Regenerate the pinned lock from a fresh resolution of pyproject.toml's lower bounds.
 lock:
