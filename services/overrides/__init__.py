@@ -1,0 +1,1 @@
+"""The compacted-topic store of runtime checkpoint-configuration overrides (FLIP-571)."""

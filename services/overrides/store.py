@@ -1,0 +1,116 @@
+"""Runtime checkpoint-configuration overrides, one record per job on the compacted topic
+``sparkpoint.checkpoint-overrides`` (keyed by job id, versioned value, tombstone on removal).
+
+Writes return only after the broker acknowledged them (acks=all), so a change the client was
+told about survives a coordinator failover. Replay reads every wanted partition up to the end
+offsets taken when the replay starts (Kafka Connect's config-topic pattern), and folds what it
+reads: the highest version per job wins, duplicates and versions that arrive out of order are
+ignored, a tombstone removes the job, and gaps in the versions are fine. Compaction may or may
+not have run (on the embedded broker it never does): the fold gives the same answer either way.
+
+The embedded broker reports a correct end offset only when every batch holds one record, so the
+writer publishes one record per batch (see services/common/broker.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from services.common.avro import EventCodec
+from services.common.events import CheckpointOverrides
+from services.common.kafka import (
+    ConsumerProfile,
+    Delivered,
+    EventPublisher,
+    EventSubscriber,
+    Received,
+    make_consumer,
+    make_producer,
+    read_to_end,
+)
+from services.common.topics import CHECKPOINT_OVERRIDES, TopicSpec
+
+log = logging.getLogger(__name__)
+
+PUT_TIMEOUT_S = 10.0
+"""A PATCH waits this long for the broker's acknowledgement before the client gets an error:
+long enough for a leader election on a real cluster, short enough for an HTTP client."""
+
+
+def fold(records: Iterable[Received]) -> dict[str, CheckpointOverrides]:
+    """The effective overrides per job from records in partition order."""
+    latest: dict[str, CheckpointOverrides] = {}
+    for record in records:
+        if record.key is None:
+            log.warning(
+                "override record without a key at %s[%d]@%d skipped",
+                record.topic,
+                record.partition,
+                record.offset,
+            )
+            continue
+        event = record.event
+        if event is None:
+            latest.pop(record.key, None)
+            continue
+        if not isinstance(event, CheckpointOverrides) or event.job_id != record.key:
+            log.warning(
+                "unexpected record at %s[%d]@%d (key %s) skipped",
+                record.topic,
+                record.partition,
+                record.offset,
+                record.key,
+            )
+            continue
+        current = latest.get(record.key)
+        if current is None or event.version > current.version:
+            latest[record.key] = event
+    return latest
+
+
+class OverrideStore:
+    def __init__(
+        self,
+        bootstrap: str,
+        codec: EventCodec,
+        publisher: EventPublisher | None = None,
+        topic: TopicSpec | str = CHECKPOINT_OVERRIDES,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.codec = codec
+        self.topic = topic if isinstance(topic, str) else topic.name()
+        self.publisher = publisher or EventPublisher(
+            make_producer(bootstrap, one_record_per_batch=True), codec
+        )
+
+    def put(self, overrides: CheckpointOverrides, timeout_s: float = PUT_TIMEOUT_S) -> Delivered:
+        """Persists a job's overrides; returns once the broker acknowledged, raises otherwise."""
+        return self.publisher.publish_sync(self.topic, overrides.job_id, overrides, timeout_s)
+
+    def remove(self, job_id: str, timeout_s: float = PUT_TIMEOUT_S) -> Delivered:
+        """Tombstone: the job is gone, and so are its overrides."""
+        return self.publisher.publish_sync(self.topic, job_id, None, timeout_s)
+
+    def replay(
+        self, partitions: Iterable[int] | None = None, timeout_s: float = 60.0
+    ) -> dict[str, CheckpointOverrides]:
+        """Every job's effective overrides in the given partitions (all by default)."""
+        subscriber = EventSubscriber(
+            make_consumer(self.bootstrap, profile=ConsumerProfile.REPLAY), self.codec
+        )
+        try:
+            records = read_to_end(subscriber, self.topic, partitions, timeout_s)
+        finally:
+            subscriber.close()
+        overrides = fold(records)
+        log.info(
+            "replayed %d override records of %d jobs from %s",
+            len(records),
+            len(overrides),
+            self.topic,
+        )
+        return overrides
+
+    def close(self) -> None:
+        self.publisher.close()
