@@ -1,0 +1,60 @@
+"""Checkpoint storage on real files: atomic writes, deletes, and the roots it cannot leave."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.common.storage import PathOutsideRoots, Storage
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Storage:
+    return Storage([str(tmp_path / "checkpoints"), str(tmp_path / "savepoints")])
+
+
+def test_atomic_write_leaves_only_the_file(storage: Storage, tmp_path: Path) -> None:
+    target = tmp_path / "checkpoints" / "job" / "chk-1" / "_metadata"
+    storage.write_atomic(str(target), b"metadata")
+    assert target.read_bytes() == b"metadata"
+    assert [p.name for p in target.parent.iterdir()] == ["_metadata"]
+    assert storage.read(str(target)) == b"metadata"
+
+
+@pytest.mark.parametrize(
+    "escape",
+    [
+        "{root}/../elsewhere/_metadata",
+        "/etc/passwd",
+        "{root}/job/../../../x",
+        "s3://bucket/checkpoints/x",
+        "{root}-sibling/x",
+    ],
+)
+def test_paths_outside_the_roots_are_refused(storage: Storage, tmp_path: Path, escape: str) -> None:
+    path = escape.format(root=tmp_path / "checkpoints")
+    with pytest.raises(PathOutsideRoots):
+        storage.write_atomic(path, b"x")
+    with pytest.raises(PathOutsideRoots):
+        storage.delete([path])
+
+
+def test_delete_removes_files_and_the_directory(storage: Storage, tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints" / "job" / "chk-2"
+    shared = tmp_path / "checkpoints" / "job" / "shared" / "a"
+    for path in (directory / "own", shared):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    assert (
+        storage.delete([str(shared), str(tmp_path / "checkpoints" / "missing")], str(directory))
+        == 2
+    )
+    assert not directory.exists() and not shared.exists()
+
+
+def test_list_dirs_lists_savepoints(storage: Storage, tmp_path: Path) -> None:
+    for name in ("savepoint-job-a", "savepoint-job-b"):
+        (tmp_path / "savepoints" / name).mkdir(parents=True)
+    names = [Path(p).name for p in storage.list_dirs(str(tmp_path / "savepoints"))]
+    assert names == ["savepoint-job-a", "savepoint-job-b"]
