@@ -10,11 +10,13 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from confluent_kafka import KafkaException
 
 from services.common.broker import BrokerError, wait_for_metadata
 from services.common.kafka import bootstrap_servers, make_admin
+from services.common.settings import ConfigError
 from services.common.topics import DEFAULT_PARTITIONS, TopicMismatch
 
 EXIT_OK = 0
@@ -93,6 +95,13 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from services.coordinator.main import run
+
+    run(reachable(args.bootstrap), args.rest_host, args.rest_port, args.config)
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from services import demo
 
@@ -124,6 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.set_defaults(run=cmd_topics_create)
 
+    coordinator = commands.add_parser("coordinator", help="run a coordinator instance")
+    add_bootstrap(coordinator)
+    coordinator.add_argument("--rest-host", default="127.0.0.1")
+    coordinator.add_argument("--rest-port", type=port_number, default=8081)
+    coordinator.add_argument(
+        "--config", type=Path, help="YAML with cluster-wide execution.checkpointing.* defaults"
+    )
+    coordinator.set_defaults(run=cmd_coordinator)
+
     demo = commands.add_parser("demo", help="what `make run` runs: everything embedded")
     add_bootstrap(demo)
     demo.add_argument("--partitions", type=positive_int, default=DEFAULT_PARTITIONS)
@@ -143,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
         return code
-    except (OperationFailed, BrokerError, TopicMismatch) as exc:
+    except (OperationFailed, BrokerError, TopicMismatch, ConfigError) as exc:
         print(f"sparkpoint: {exc}", file=sys.stderr)
     except KafkaException as exc:
         print(f"sparkpoint: Kafka: {exc.args[0].str()}", file=sys.stderr)

@@ -92,6 +92,9 @@ def producer_config(
         "enable.idempotence": True,
         "linger.ms": 1,
         "delivery.timeout.ms": DELIVERY_TIMEOUT_MS,
+        # Java's partitioner: a job id lands on the same partition whichever client writes it,
+        # and a job's registrations, acknowledgements and control events share a partition.
+        "partitioner": "murmur2_random",
     }
     if transactional_id is not None:
         config["transactional.id"] = transactional_id

@@ -1,0 +1,78 @@
+"""`sparkpoint coordinator`: the service and its REST API on one asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+
+import uvicorn
+
+from services.common.settings import CheckpointConfig
+from services.coordinator.api import create_app
+from services.coordinator.service import CoordinatorService, ServiceSettings
+
+log = logging.getLogger(__name__)
+
+
+def load_defaults(config_file: Path | None) -> CheckpointConfig:
+    """Cluster defaults from a Flink-style YAML file (``execution.checkpointing.*`` keys, flat or
+    nested), over Flink's defaults."""
+    if config_file is None:
+        return CheckpointConfig()
+    import yaml
+
+    loaded = yaml.safe_load(config_file.read_text()) or {}
+    return CheckpointConfig.from_options(_flatten(loaded))
+
+
+def _flatten(tree: dict[str, object], prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+async def serve(service: CoordinatorService, rest_host: str, rest_port: int) -> None:
+    settings = service.settings
+    app = create_app(service)
+    config = uvicorn.Config(
+        app, host=rest_host, port=rest_port, log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+
+    def shut_down() -> None:
+        service.stop()
+        server.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(
+            NotImplementedError, RuntimeError
+        ):  # RuntimeError: not the main thread
+            loop.add_signal_handler(sig, shut_down)
+    log.info("coordinator %s: REST on http://%s:%d", settings.instance_id, rest_host, rest_port)
+    # _serve, not serve: the loop's signal handlers above stop both the service and the server.
+    api = asyncio.create_task(server._serve())
+    try:
+        await service.run()
+    finally:
+        server.should_exit = True
+        await api
+
+
+def run(bootstrap: str, rest_host: str, rest_port: int, config_file: Path | None) -> None:
+    settings = ServiceSettings(
+        bootstrap, load_defaults(config_file), rest_url=f"http://{rest_host}:{rest_port}"
+    )
+    print(
+        f"coordinator {settings.instance_id}: REST at http://{rest_host}:{rest_port}, Kafka at {bootstrap}",
+        flush=True,
+    )
+    asyncio.run(serve(CoordinatorService(settings), rest_host, rest_port))

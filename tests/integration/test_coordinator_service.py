@@ -1,0 +1,443 @@
+"""The coordinator service on the real broker with scripted agents: the FLIP-571 test plan,
+REST validation, statistics, savepoints, audit topics and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.common.avro import EventCodec
+from services.common.broker import free_port
+from services.common.events import CheckpointFailureReason, CheckpointLifecycleEvent, ConfigChange
+from services.common.kafka import (
+    ConsumerProfile,
+    EventSubscriber,
+    make_admin,
+    make_consumer,
+    make_producer,
+)
+from services.common.settings import CheckpointConfig
+from services.common.topics import ACKS, CHECKPOINT_EVENTS, CONFIG_CHANGES, JOBS, create_topics
+from services.coordinator.main import serve
+from services.coordinator.service import CoordinatorService, ServiceSettings
+from tests.conftest import KafkaUnderTest
+from tests.scripted_agent import Action, Answer, ScriptedAgent, always
+
+
+@dataclass
+class Running:
+    service: CoordinatorService
+    url: str
+    bootstrap: str
+    root: Path
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=15)
+
+    def agent(self, codec: EventCodec, **kwargs: object) -> ScriptedAgent:
+        job_id = f"job-{uuid.uuid4().hex[:8]}"
+        agent = ScriptedAgent(self.bootstrap, codec, job_id, state_dir=self.root, **kwargs)  # type: ignore[arg-type]
+        agent.start()
+        wait(lambda: job_id in self.service.jobs, what=f"{job_id} registered")
+        return agent
+
+
+def wait(condition: object, timeout_s: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not met within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def coordinator(kafka: KafkaUnderTest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """One coordinator for the module (jobs have unique ids): a group join costs ~3 s here."""
+    tmp_path = tmp_path_factory.mktemp("coordinator")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPARKPOINT_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:10]}.")
+        yield from _coordinator(kafka, tmp_path)
+
+
+def _coordinator(kafka: KafkaUnderTest, tmp_path: Path) -> Iterator[Running]:
+    create_topics(make_admin(kafka.bootstrap), partitions=2)
+    defaults = CheckpointConfig(
+        checkpoint_dir=str(tmp_path / "checkpoints"), savepoint_dir=str(tmp_path / "savepoints")
+    )
+    port = free_port()
+    service = CoordinatorService(ServiceSettings(kafka.bootstrap, defaults))
+    thread = threading.Thread(
+        target=lambda: asyncio.run(serve(service, "127.0.0.1", port)), daemon=True
+    )
+    thread.start()
+    try:
+        wait(service.ready.is_set, what="partitions assigned")
+        wait(lambda: _answers(f"http://127.0.0.1:{port}/jobs"), what="REST up")
+        yield Running(service, f"http://127.0.0.1:{port}", kafka.bootstrap, tmp_path)
+    finally:
+        service.stop()
+        thread.join(20)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def periodic(interval: str = "300ms", timeout: str = "10s", **more: str) -> dict[str, str]:
+    return {
+        "execution.checkpointing.interval": interval,
+        "execution.checkpointing.timeout": timeout,
+        **more,
+    }
+
+
+# --- checkpoints complete -------------------------------------------------------------------------
+
+
+def test_periodic_checkpoints_complete_with_metadata(
+    coordinator: Running, codec: EventCodec
+) -> None:
+    agent = coordinator.agent(codec, configuration=periodic())
+    agent.wait_for(lambda: len(agent.completed) >= 3, what="three completed checkpoints")
+    agent.stop()
+
+    done = agent.completed[0]
+    retained = coordinator.service.jobs[agent.job_id].core.store.latest()
+    assert retained is not None and (Path(retained.external_path) / "_metadata").is_file()
+    # num-retained is 1: the first checkpoint was subsumed and its directory discarded
+    wait(lambda: not Path(done.external_path).exists(), what="subsumed checkpoint discarded")
+    with coordinator.client() as client:
+        stats = client.get(f"/jobs/{agent.job_id}/checkpoints").json()
+        details = client.get(f"/jobs/{agent.job_id}/checkpoints/details/{done.checkpoint_id}")
+        jobs = client.get("/jobs").json()["jobs"]
+    assert stats["counts"]["completed"] >= 3
+    assert stats["latest"]["completed"]["num_acknowledged_subtasks"] == 2
+    assert [s["status"] for s in details.json()["subtasks"]] == ["completed", "completed"]
+    assert {
+        "id": agent.job_id,
+        "name": f"scripted {agent.job_id}",
+        "status": "RUNNING",
+        "parallelism": 2,
+    } in jobs
+
+
+def test_a_manual_checkpoint_is_answered_with_its_id(
+    coordinator: Running, codec: EventCodec
+) -> None:
+    agent = coordinator.agent(codec, configuration={})
+    with coordinator.client() as client:
+        request_id = client.post(f"/jobs/{agent.job_id}/checkpoints").json()["request-id"]
+        wait(
+            lambda: (
+                client.get(f"/jobs/{agent.job_id}/checkpoints/{request_id}").json()["status"]["id"]
+                == "COMPLETED"
+            )
+        )
+        answer = client.get(f"/jobs/{agent.job_id}/checkpoints/{request_id}").json()
+    agent.stop()
+    assert answer["operation"]["checkpointId"] == agent.completed[0].checkpoint_id
+
+
+# --- FLIP-571 ------------------------------------------------------------------------------------------
+
+
+def test_a_patch_takes_effect_and_get_config_reflects_it(
+    coordinator: Running, codec: EventCodec
+) -> None:
+    agent = coordinator.agent(codec, configuration=periodic(interval="1h"))
+    with coordinator.client() as client:
+        response = client.patch(
+            f"/jobs/{agent.job_id}/checkpoints/configuration",
+            json={"checkpointInterval": 200, "checkpointTimeout": 30_000},
+            headers={"X-Sparkpoint-Principal": "sre@example.com", "X-Request-Id": "req-42"},
+        )
+        config = client.get(f"/jobs/{agent.job_id}/checkpoints/config").json()
+    assert response.status_code == 200, response.text
+    assert (
+        response.json()["interval"] == 200
+        and config["interval"] == 200
+        and config["timeout"] == 30_000
+    )
+    agent.wait_for(lambda: len(agent.completed) >= 3, what="checkpoints at the new interval")
+    agent.stop()
+
+    changes = replay(coordinator, codec, CONFIG_CHANGES.name())
+    (change,) = [c for c in changes if isinstance(c, ConfigChange) and c.job_id == agent.job_id]
+    assert (change.principal, change.request_id) == ("sre@example.com", "req-42")
+    assert (change.old.checkpoint_interval_ms, change.new.checkpoint_interval_ms) == (
+        3_600_000,
+        200,
+    )
+    assert sorted(change.changed_fields) == ["checkpointInterval", "checkpointTimeout"]
+
+
+def test_an_extended_timeout_saves_an_in_flight_checkpoint(
+    coordinator: Running, codec: EventCodec
+) -> None:
+    slow_last = lambda trigger, subtask: Answer(Action.ACK, 2.5 if subtask == "keyed-1" else 0.0)  # noqa: E731
+    agent = coordinator.agent(
+        codec, configuration=periodic(interval="1h", timeout="1500ms"), script=slow_last
+    )
+    with coordinator.client() as client:
+        client.post(f"/jobs/{agent.job_id}/checkpoints")
+        agent.wait_for(lambda: agent.triggers, what="a trigger")
+        triggered_at = time.monotonic()
+        time.sleep(0.8)
+        assert (
+            client.patch(
+                f"/jobs/{agent.job_id}/checkpoints/configuration",
+                json={"checkpointTimeout": 10_000},
+            ).status_code
+            == 200
+        )
+    agent.wait_for(lambda: agent.completed, what="completion after the old deadline")
+    completed_after = time.monotonic() - triggered_at
+    agent.stop()
+    assert completed_after > 1.5  # past the old deadline
+    assert agent.aborted == []
+
+
+def test_a_reduced_timeout_aborts_a_checkpoint_at_once(
+    coordinator: Running, codec: EventCodec
+) -> None:
+    agent = coordinator.agent(
+        codec,
+        configuration=periodic(interval="1h", timeout="10min"),
+        script=always(Answer(Action.HANG)),
+    )
+    with coordinator.client() as client:
+        client.post(f"/jobs/{agent.job_id}/checkpoints")
+        agent.wait_for(lambda: agent.triggers, what="a trigger")
+        time.sleep(0.6)
+        patched = time.monotonic()
+        assert (
+            client.patch(
+                f"/jobs/{agent.job_id}/checkpoints/configuration", json={"checkpointTimeout": 500}
+            ).status_code
+            == 200
+        )
+    agent.wait_for(lambda: agent.aborted, what="abort")
+    agent.stop()
+    assert agent.aborted[0].reason is CheckpointFailureReason.CHECKPOINT_EXPIRED
+    assert time.monotonic() - patched < 5
+
+
+def test_concurrent_updates_one_succeeds_the_others_get_409(
+    coordinator: Running, codec: EventCodec
+) -> None:
+    agent = coordinator.agent(codec, configuration=periodic(interval="1h"))
+
+    async def patch_all() -> list[int]:
+        async with httpx.AsyncClient(base_url=coordinator.url, timeout=15) as client:
+            responses = await asyncio.gather(
+                *(
+                    client.patch(
+                        f"/jobs/{agent.job_id}/checkpoints/configuration",
+                        json={"checkpointInterval": 1000 + i},
+                    )
+                    for i in range(8)
+                )
+            )
+        return sorted(r.status_code for r in responses)
+
+    codes = asyncio.run(patch_all())
+    agent.stop()
+    assert codes.count(200) >= 1 and set(codes) <= {200, 409} and 409 in codes
+
+
+# --- validation -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"checkpointIntervall": 1000}, "checkpointIntervall"),
+        ({"checkpointInterval": "10s"}, "checkpointInterval"),
+        ({"checkpointInterval": True}, "checkpointInterval"),
+        ({"checkpointInterval": 0}, "checkpointInterval"),
+        ({"checkpointTimeout": -5}, "checkpointTimeout"),
+        ({"minPauseBetweenCheckpoints": -1}, "minPauseBetweenCheckpoints"),
+        ({"maxConcurrentCheckpoints": 0}, "maxConcurrentCheckpoints"),
+        ({"tolerableCheckpointFailureNumber": -1}, "tolerableCheckpointFailureNumber"),
+        ({"alignedCheckpointTimeout": 1.5}, "alignedCheckpointTimeout"),
+    ],
+)
+def test_invalid_updates_are_400_naming_the_field(
+    coordinator: Running, codec: EventCodec, body: dict[str, object], field: str
+) -> None:
+    agent = coordinator.agent(codec, configuration=periodic(interval="1h"))
+    with coordinator.client() as client:
+        response = client.patch(f"/jobs/{agent.job_id}/checkpoints/configuration", json=body)
+        config = client.get(f"/jobs/{agent.job_id}/checkpoints/config").json()
+    agent.stop()
+    assert response.status_code == 400
+    assert field in response.json()["errors"][0]
+    assert config["interval"] == 3_600_000  # nothing changed
+
+
+def test_max_concurrent_above_one_with_unaligned_is_400(
+    coordinator: Running, codec: EventCodec
+) -> None:
+    agent = coordinator.agent(
+        codec,
+        configuration=periodic(
+            interval="1h", **{"execution.checkpointing.unaligned.enabled": "true"}
+        ),
+    )
+    with coordinator.client() as client:
+        response = client.patch(
+            f"/jobs/{agent.job_id}/checkpoints/configuration", json={"maxConcurrentCheckpoints": 2}
+        )
+    agent.stop()
+    assert response.status_code == 400
+    assert "maxConcurrentCheckpoints" in response.json()["errors"][0]
+
+
+def test_unknown_jobs_are_404(coordinator: Running) -> None:
+    with coordinator.client() as client:
+        for method, path in [("GET", "/jobs/nope/checkpoints"), ("GET", "/jobs/nope/checkpoints/config"),
+                             ("PATCH", "/jobs/nope/checkpoints/configuration"), ("POST", "/jobs/nope/savepoints")]:  # fmt: skip
+            response = client.request(method, path, json={} if method != "GET" else None)
+            assert response.status_code == 404, (method, path, response.text)
+            assert response.json()["errors"]
+
+
+# --- savepoints ------------------------------------------------------------------------------------------
+
+
+def test_a_savepoint_completes_and_is_listed_after_the_job_ended(
+    coordinator: Running, codec: EventCodec
+) -> None:
+    agent = coordinator.agent(codec, configuration={})
+    target = str(coordinator.root / "savepoints" / "manual")
+    with coordinator.client() as client:
+        request_id = client.post(
+            f"/jobs/{agent.job_id}/savepoints", json={"target-directory": target}
+        ).json()["request-id"]
+        wait(
+            lambda: (
+                client.get(f"/jobs/{agent.job_id}/savepoints/{request_id}").json()["status"]["id"]
+                == "COMPLETED"
+            )
+        )
+        location = client.get(f"/jobs/{agent.job_id}/savepoints/{request_id}").json()["operation"][
+            "location"
+        ]
+        default_id = client.post(f"/jobs/{agent.job_id}/savepoints", json={}).json()["request-id"]
+        wait(
+            lambda: (
+                client.get(f"/jobs/{agent.job_id}/savepoints/{default_id}").json()["status"]["id"]
+                == "COMPLETED"
+            )
+        )
+        agent.finish()
+        wait(lambda: agent.job_id not in coordinator.service.jobs, what="job ended")
+        listed = client.get(f"/jobs/{agent.job_id}/savepoints").json()["savepoints"]
+    agent.stop()
+    assert location.startswith(f"{target}/savepoint-{agent.job_id[:6]}-")
+    assert (Path(location) / "_metadata").is_file()
+    assert len(listed) == 1  # the default directory's savepoint; `target` is elsewhere
+
+
+def test_a_savepoint_directory_outside_the_roots_is_400(
+    coordinator: Running, codec: EventCodec
+) -> None:
+    agent = coordinator.agent(codec, configuration={})
+    with coordinator.client() as client:
+        response = client.post(
+            f"/jobs/{agent.job_id}/savepoints", json={"target-directory": "/etc/evil"}
+        )
+    agent.stop()
+    assert response.status_code == 400
+    assert "target-directory" in response.json()["errors"][0]
+
+
+# --- audit, metrics, openapi ------------------------------------------------------------------------------
+
+
+def test_lifecycle_events_and_metrics(coordinator: Running, codec: EventCodec) -> None:
+    agent = coordinator.agent(
+        codec,
+        configuration=periodic(interval="200ms", timeout="400ms"),
+        script=lambda t, s: Answer(Action.HANG if t.checkpoint_id == 2 else Action.ACK),
+    )
+    agent.wait_for(
+        lambda: len(agent.completed) >= 2 and agent.aborted, what="completions and an expiry"
+    )
+    with coordinator.client() as client:
+        metrics = client.get("/metrics").text
+        openapi = client.get("/openapi.json").json()
+    agent.stop()
+    events = [
+        e
+        for e in replay(coordinator, codec, CHECKPOINT_EVENTS.name())
+        if isinstance(e, CheckpointLifecycleEvent) and e.job_id == agent.job_id
+    ]
+    kinds = {(e.checkpoint_id, e.event_type.name) for e in events}
+    assert {(1, "TRIGGERED"), (1, "COMPLETED"), (2, "TRIGGERED"), (2, "EXPIRED")} <= kinds
+    assert f'flink_jobmanager_job_numberOfCompletedCheckpoints{{job_id="{agent.job_id}"' in metrics
+    assert "flink_jobmanager_job_lastCheckpointDuration" in metrics
+    assert "/jobs/{jobid}/checkpoints/configuration" in openapi["paths"]
+
+
+# --- bad input ---------------------------------------------------------------------------------------------
+
+
+def test_bad_input_is_skipped_and_the_service_carries_on(
+    coordinator: Running, codec: EventCodec
+) -> None:
+    malformed_before = coordinator.service.malformed
+    agent = coordinator.agent(
+        codec, configuration=periodic(interval="300ms"), script=always(Answer(Action.ACK_TWICE))
+    )
+    raw = make_producer(coordinator.bootstrap)
+    for topic in (ACKS.name(), JOBS.name()):
+        raw.produce(topic, key=agent.job_id.encode(), value=b"\x00garbage")
+    raw.produce(
+        ACKS.name(),
+        key=b"job-that-does-not-exist",
+        value=codec.encode(_ack("job-that-does-not-exist")),
+    )
+    raw.produce(
+        ACKS.name(),
+        key=agent.job_id.encode(),
+        value=codec.encode(_ack(agent.job_id, subtask="keyed-77")),
+    )
+    raw.flush(10)
+    agent.wait_for(lambda: len(agent.completed) >= 3, what="checkpoints despite bad input")
+    agent.stop()
+    assert coordinator.service.malformed >= malformed_before + 2
+
+
+def _ack(job_id: str, subtask: str = "keyed-0") -> object:
+    from services.common.events import AcknowledgeCheckpoint
+
+    return AcknowledgeCheckpoint(job_id, 1, subtask, 0, 0, [], 0, 0, 0, 0, 0, False)
+
+
+def replay(running: Running, codec: EventCodec, topic: str) -> list[object]:
+    subscriber = EventSubscriber(
+        make_consumer(running.bootstrap, profile=ConsumerProfile.REPLAY), codec
+    )
+    from confluent_kafka import TopicPartition
+
+    events: list[object] = []
+    metadata = subscriber.consumer.list_topics(topic, timeout=10).topics[topic]
+    subscriber.assign([TopicPartition(topic, p, 0) for p in metadata.partitions])
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        events.extend(r.event for r in subscriber.poll(0.2))
+    subscriber.close()
+    return events
