@@ -60,7 +60,9 @@ def wait(condition: object, timeout_s: float = 30.0, what: str = "condition") ->
 
 
 @pytest.fixture(scope="module")
-def coordinator(kafka: KafkaUnderTest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+def coordinator(
+    kafka: KafkaUnderTest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Running]:
     """One coordinator for the module (jobs have unique ids): a group join costs ~3 s here."""
     tmp_path = tmp_path_factory.mktemp("coordinator")
     with pytest.MonkeyPatch.context() as env:

@@ -1,0 +1,183 @@
+"""Coordinator instances as processes, killed and paused as in production."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.common.avro import EventCodec
+from services.common.broker import free_port
+from services.common.kafka import make_admin
+from services.common.topics import create_topics
+from tests.conftest import KafkaUnderTest
+from tests.scripted_agent import ScriptedAgent
+
+SPARKPOINT = str(Path(sys.executable).parent / "sparkpoint")
+TAKEOVER_S = 40.0
+"""A SIGKILLed member leaves its group after session.timeout.ms (6 s); the survivor then joins
+again (~3 s on the embedded broker) and replays. 40 s leaves room on a loaded machine."""
+
+
+@dataclass
+class Instance:
+    process: subprocess.Popen[bytes]
+    url: str
+
+    def owns(self, job_id: str) -> bool:
+        try:
+            return (
+                httpx.get(f"{self.url}/jobs/{job_id}/checkpoints/config", timeout=2).status_code
+                == 200
+            )
+        except httpx.HTTPError:
+            return False
+
+
+@dataclass
+class Cluster:
+    kafka: KafkaUnderTest
+    root: Path
+    prefix: str
+    instances: list[Instance]
+
+    def start_instance(self) -> Instance:
+        port = free_port()
+        env = dict(os.environ, SPARKPOINT_TOPIC_PREFIX=self.prefix)
+        process = subprocess.Popen(
+            [SPARKPOINT, "coordinator", "--bootstrap", self.kafka.bootstrap, "--rest-port", str(port),
+             "--config", str(self.root / "config.yaml")],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        instance = Instance(process, f"http://127.0.0.1:{port}")
+        self.instances.append(instance)
+        until(lambda: _up(instance.url), 30, "REST up")
+        return instance
+
+    def owner(self, job_id: str) -> Instance:
+        until(
+            lambda: any(i.owns(job_id) for i in self.live()), TAKEOVER_S, f"an owner for {job_id}"
+        )
+        return next(i for i in self.live() if i.owns(job_id))
+
+    def live(self) -> list[Instance]:
+        return [i for i in self.instances if i.process.poll() is None]
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/jobs", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def until(condition: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not within {timeout_s} s")
+
+
+@pytest.fixture
+def cluster(kafka: KafkaUnderTest, tmp_path: Path) -> Iterator[Cluster]:
+    prefix = f"f{uuid.uuid4().hex[:8]}."
+    (tmp_path / "config.yaml").write_text(
+        f"execution.checkpointing.dir: {tmp_path / 'checkpoints'}\n"
+        f"execution.checkpointing.savepoint-dir: {tmp_path / 'savepoints'}\n"
+    )
+    os.environ["SPARKPOINT_TOPIC_PREFIX"] = prefix
+    create_topics(make_admin(kafka.bootstrap), partitions=2)
+    running = Cluster(kafka, tmp_path, prefix, [])
+    try:
+        yield running
+    finally:
+        os.environ.pop("SPARKPOINT_TOPIC_PREFIX", None)
+        for instance in running.instances:
+            if instance.process.poll() is None:
+                instance.process.send_signal(signal.SIGCONT)
+                instance.process.kill()
+                instance.process.wait(10)
+
+
+def test_the_new_owner_applies_the_override_and_never_reuses_an_id(
+    cluster: Cluster, codec: EventCodec
+) -> None:
+    first, second = cluster.start_instance(), cluster.start_instance()
+    agent = ScriptedAgent(
+        cluster.kafka.bootstrap, codec, f"job-{uuid.uuid4().hex[:8]}", state_dir=cluster.root,
+        configuration={"execution.checkpointing.interval": "300ms", "execution.checkpointing.timeout": "10s"},
+    ).start()  # fmt: skip
+    try:
+        owner = cluster.owner(agent.job_id)
+        agent.wait_for(lambda: len(agent.completed) >= 2, what="checkpoints before the failover")
+        patched = httpx.patch(
+            f"{owner.url}/jobs/{agent.job_id}/checkpoints/configuration",
+            json={"checkpointTimeout": 45_000},
+            timeout=10,
+        )
+        assert patched.status_code == 200, patched.text
+        ids_before = [t.checkpoint_id for t in agent.triggers]
+
+        owner.process.kill()  # SIGKILL: no goodbye to the group
+        survivor = next(i for i in (first, second) if i is not owner)
+        until(lambda: survivor.owns(agent.job_id), TAKEOVER_S, "takeover")
+        config = httpx.get(
+            f"{survivor.url}/jobs/{agent.job_id}/checkpoints/config", timeout=5
+        ).json()
+        seen = len(agent.triggers)
+        agent.wait_for(
+            lambda: len(agent.completed) >= 2 and len(agent.triggers) >= seen + 2,
+            what="checkpoints after takeover",
+        )
+    finally:
+        agent.stop()
+
+    assert config["timeout"] == 45_000  # the override, with no API call to the new owner
+    ids_after = [t.checkpoint_id for t in agent.triggers[len(ids_before) :]]
+    assert min(ids_after) > max(ids_before)
+    all_ids = [t.checkpoint_id for t in agent.triggers]
+    assert all_ids == sorted(set(all_ids))
+    assert agent.triggers[-1].owner_epoch > agent.triggers[0].owner_epoch
+
+
+def test_a_stale_instance_that_resumes_publishes_nothing_agents_accept(
+    cluster: Cluster, codec: EventCodec
+) -> None:
+    first, second = cluster.start_instance(), cluster.start_instance()
+    agent = ScriptedAgent(
+        cluster.kafka.bootstrap, codec, f"job-{uuid.uuid4().hex[:8]}", state_dir=cluster.root,
+        configuration={"execution.checkpointing.interval": "200ms", "execution.checkpointing.timeout": "10s"},
+    ).start()  # fmt: skip
+    try:
+        owner = cluster.owner(agent.job_id)
+        agent.wait_for(lambda: len(agent.completed) >= 2, what="checkpoints before the pause")
+        old_epoch = agent.triggers[-1].owner_epoch
+        owner.process.send_signal(signal.SIGSTOP)  # a zombie: alive, but silent past its session
+        survivor = next(i for i in (first, second) if i is not owner)
+        until(lambda: survivor.owns(agent.job_id), TAKEOVER_S, "takeover")
+        agent.wait_for(
+            lambda: agent.triggers[-1].owner_epoch > old_epoch, what="a trigger from the new owner"
+        )
+        accepted = len(agent.triggers)
+        owner.process.send_signal(signal.SIGCONT)  # the zombie wakes with its timers overdue
+        time.sleep(3)
+        agent.wait_for(lambda: len(agent.completed) >= 4, what="checkpoints after the zombie woke")
+    finally:
+        agent.stop()
+
+    new_epoch = max(t.owner_epoch for t in agent.triggers)
+    assert all(t.owner_epoch == new_epoch for t in agent.triggers[accepted - 1 :])
+    ids = [t.checkpoint_id for t in agent.triggers]
+    assert ids == sorted(set(ids))
+    until(lambda: not owner.owns(agent.job_id), 20, "the zombie gives the job up")
