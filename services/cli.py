@@ -7,6 +7,7 @@ readable line.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException
 
+from services.client import RestError
 from services.common.broker import BrokerError, wait_for_metadata
 from services.common.kafka import bootstrap_servers, make_admin
 from services.common.settings import ConfigError
@@ -66,6 +68,25 @@ def reachable(bootstrap: str | None) -> str:
     return servers
 
 
+def duration_ms(text: str) -> int:
+    from services.common.settings import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def add_bootstrap(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap",
@@ -99,6 +120,119 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     from services.coordinator.main import run
 
     run(reachable(args.bootstrap), args.rest_host, args.rest_port, args.config)
+    return EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from services.client import call, rest_url
+
+    jobs = call(rest_url(args.rest), "GET", "/jobs")["jobs"]
+    say(f"{'id':<24} {'status':<10} {'parallelism':>11}  name")
+    for job in jobs:
+        say(f"{job['id']:<24} {job['status']:<10} {job['parallelism']:>11}  {job['name']}")
+    return EXIT_OK
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from services.client import call, rest_url
+
+    stats = call(rest_url(args.rest), "GET", f"/jobs/{args.job}/checkpoints")
+    counts = stats["counts"]
+    say(
+        f"job {args.job}: {counts['completed']} completed, {counts['failed']} failed, "
+        f"{counts['in_progress']} in progress, {counts['restored']} restored"
+    )
+    duration = stats["summary"]["end_to_end_duration"]
+    say(
+        f"duration ms: min {duration['min']} avg {duration['avg']} p50 {duration['p50']:.0f} p99 {duration['p99']:.0f} max {duration['max']}"
+    )
+    say(
+        f"{'id':>6}  {'status':<11} {'type':<20} {'duration':>9} {'state':>10} {'acks':>7}  path or failure"
+    )
+    for entry in stats["history"]:
+        where = entry.get("external_path") or entry.get("failure_message") or ""
+        acks = f"{entry['num_acknowledged_subtasks']}/{entry['num_subtasks']}"
+        say(
+            f"{entry['id']:>6}  {entry['status']:<11} {entry['checkpoint_type']:<20} {entry['end_to_end_duration']:>7}ms {entry['state_size']:>10} {acks:>7}  {where}"
+        )
+    return EXIT_OK
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    from services.client import call, rest_url, wait_for_trigger
+
+    base = rest_url(args.rest)
+    request_id = call(base, "POST", f"/jobs/{args.job}/checkpoints", {})["request-id"]
+    operation = wait_for_trigger(base, f"/jobs/{args.job}/checkpoints/{request_id}", args.timeout)
+    details = call(base, "GET", f"/jobs/{args.job}/checkpoints/details/{operation['checkpointId']}")
+    say(details.get("external_path") or str(operation["checkpointId"]))
+    return EXIT_OK
+
+
+def cmd_savepoint(args: argparse.Namespace) -> int:
+    from services.client import call, rest_url, wait_for_trigger
+
+    base = rest_url(args.rest)
+    body = {"target-directory": args.target_dir, "cancel-job": False}
+    request_id = call(base, "POST", f"/jobs/{args.job}/savepoints", body)["request-id"]
+    say(
+        wait_for_trigger(base, f"/jobs/{args.job}/savepoints/{request_id}", args.timeout)[
+            "location"
+        ]
+    )
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from services.client import call, rest_url, wait_for_trigger
+
+    base = rest_url(args.rest)
+    request_id = call(base, "POST", f"/jobs/{args.job}/stop", {"targetDirectory": args.savepoint})[
+        "request-id"
+    ]
+    say(
+        wait_for_trigger(base, f"/jobs/{args.job}/savepoints/{request_id}", args.timeout)[
+            "location"
+        ]
+    )
+    return EXIT_OK
+
+
+CONFIG_OPTIONS = {
+    "interval": ("checkpointInterval", "duration"),
+    "timeout": ("checkpointTimeout", "duration"),
+    "min_pause": ("minPauseBetweenCheckpoints", "duration"),
+    "max_concurrent": ("maxConcurrentCheckpoints", "int"),
+    "tolerable_failed": ("tolerableCheckpointFailureNumber", "int"),
+    "aligned_timeout": ("alignedCheckpointTimeout", "duration"),
+}
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from services.client import call, rest_url
+
+    base = rest_url(args.rest)
+    changes = {
+        rest: getattr(args, name)
+        for name, (rest, _) in CONFIG_OPTIONS.items()
+        if getattr(args, name) is not None
+    }
+    if changes:
+        config = call(base, "PATCH", f"/jobs/{args.job}/checkpoints/configuration", changes)
+    else:
+        config = call(base, "GET", f"/jobs/{args.job}/checkpoints/config")
+    for key, value in config.items():
+        say(f"{key}: {json.dumps(value)}")
+    return EXIT_OK
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from services import audit
+
+    try:
+        audit.run(reachable(args.bootstrap), args.job, args.since, args.json, say)
+    except ValueError as exc:
+        raise OperationFailed(str(exc)) from None
     return EXIT_OK
 
 
@@ -142,6 +276,55 @@ def build_parser() -> argparse.ArgumentParser:
     )
     coordinator.set_defaults(run=cmd_coordinator)
 
+    def rest_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument(
+            "--rest",
+            help="coordinator REST address (default: $SPARKPOINT_REST, else http://127.0.0.1:8081)",
+        )
+        return command
+
+    rest_command("jobs", "list jobs with their status").set_defaults(run=cmd_jobs)
+    checkpoints = rest_command("checkpoints", "history and summary of a job's checkpoints")
+    checkpoints.add_argument("job")
+    checkpoints.set_defaults(run=cmd_checkpoints)
+    for name, help_text, handler in (
+        ("checkpoint", "trigger a checkpoint now, wait, print its path", cmd_checkpoint),
+        ("savepoint", "trigger a savepoint, wait, print its path", cmd_savepoint),
+        ("stop", "stop the job with a savepoint, print its path", cmd_stop),
+    ):
+        command = rest_command(name, help_text)
+        command.add_argument("job")
+        if name == "savepoint":
+            command.add_argument("target_dir", nargs="?", metavar="TARGET_DIR")
+        if name == "stop":
+            command.add_argument("--savepoint", metavar="TARGET_DIR")
+        command.add_argument(
+            "--timeout", type=float, default=600.0, help="seconds to wait (default 600)"
+        )
+        command.set_defaults(run=handler)
+    config = rest_command(
+        "config", "show, or with options change, a job's checkpoint configuration"
+    )
+    config.add_argument("job")
+    for name, (rest, kind) in CONFIG_OPTIONS.items():
+        config.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=duration_ms if kind == "duration" else non_negative_int,
+            help=f"sets {rest}" + (" (500ms, 30s, 10min)" if kind == "duration" else ""),
+        )
+    config.set_defaults(run=cmd_config)
+
+    audit = commands.add_parser(
+        "audit", help="replay the audit topics: config changes, checkpoint fates"
+    )
+    add_bootstrap(audit)
+    audit.add_argument("job", nargs="?")
+    audit.add_argument("--since", help="a duration ago (10min) or an ISO time")
+    audit.add_argument("--json", action="store_true", help="one JSON object per line")
+    audit.set_defaults(run=cmd_audit)
+
     demo = commands.add_parser("demo", help="what `make run` runs: everything embedded")
     add_bootstrap(demo)
     demo.add_argument("--partitions", type=positive_int, default=DEFAULT_PARTITIONS)
@@ -162,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
         return code
     except (OperationFailed, BrokerError, TopicMismatch, ConfigError) as exc:
+        print(f"sparkpoint: {exc}", file=sys.stderr)
+    except RestError as exc:
         print(f"sparkpoint: {exc}", file=sys.stderr)
     except KafkaException as exc:
         print(f"sparkpoint: Kafka: {exc.args[0].str()}", file=sys.stderr)

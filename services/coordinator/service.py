@@ -175,10 +175,13 @@ class PartitionWriter:
         self.codec = codec
         self.on_fenced = on_fenced
         self.transactional_id = f"{topic_prefix()}coordinator-p{partition}"
+        # One record per batch: the audit and store topics are replayed to their end offsets,
+        # which the embedded broker reports right only for one-record batches.
         self.producer: Producer = make_producer(
             bootstrap,
             transactional_id=self.transactional_id,
             client_id=f"sparkpoint-coordinator-p{partition}",
+            one_record_per_batch=True,
         )
         self.producer.init_transactions(TRANSACTION_TIMEOUT_S)  # fences the previous owner
         self.alive = True

@@ -4,6 +4,9 @@ REST validation, statistics, savepoints, audit topics and bad input."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -443,3 +446,63 @@ def replay(running: Running, codec: EventCodec, topic: str) -> list[object]:
         events.extend(r.event for r in subscriber.poll(0.2))
     subscriber.close()
     return events
+
+
+# --- the sparkpoint command against the running coordinator ------------------------------------------
+
+SPARKPOINT = str(Path(sys.executable).parent / "sparkpoint")
+
+
+def sparkpoint(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SPARKPOINT, *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_cli_operates_a_job_and_audits_it(coordinator: Running, codec: EventCodec) -> None:
+    agent = coordinator.agent(codec, configuration=periodic(interval="1h"))
+    rest = ["--rest", coordinator.url]
+    try:
+        jobs = sparkpoint("jobs", *rest)
+        config = sparkpoint(
+            "config", agent.job_id, *rest, "--timeout", "45s", "--min-pause", "100ms"
+        )
+        shown = sparkpoint("config", agent.job_id, *rest)
+        checkpoint = sparkpoint("checkpoint", agent.job_id, *rest)
+        savepoint = sparkpoint("savepoint", agent.job_id, *rest)
+        history = sparkpoint("checkpoints", agent.job_id, *rest)
+    finally:
+        agent.stop()
+    audit = sparkpoint("audit", agent.job_id, "--bootstrap", coordinator.bootstrap)
+    audit_json = sparkpoint(
+        "audit", agent.job_id, "--bootstrap", coordinator.bootstrap, "--json", "--since", "1h"
+    )
+
+    for result in (jobs, config, shown, checkpoint, savepoint, history, audit, audit_json):
+        assert result.returncode == 0, result.stderr
+    assert agent.job_id in jobs.stdout
+    assert "timeout: 45000" in config.stdout and "min_pause: 100" in shown.stdout
+    assert checkpoint.stdout.strip().endswith("/chk-1")
+    assert f"/savepoint-{agent.job_id[:6]}-" in savepoint.stdout
+    assert "COMPLETED" in history.stdout
+    assert (
+        "changed checkpointTimeout 10000 -> 45000, minPauseBetweenCheckpoints 0 -> 100"
+        in audit.stdout
+    )
+    assert "checkpoint 1 COMPLETED" in audit.stdout and "savepoint 2 COMPLETED" in audit.stdout
+    assert "fate of each checkpoint" in audit.stdout
+    records = [json.loads(line) for line in audit_json.stdout.splitlines()]
+    assert {r["type"] for r in records} == {"ConfigChange", "CheckpointLifecycleEvent"}
+
+
+def test_cli_errors_are_one_line_and_exit_1(coordinator: Running) -> None:
+    result = sparkpoint("config", "no-such-job", "--rest", coordinator.url, "--timeout", "10s")
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0
+    assert "no-such-job not found" in result.stderr
+
+
+def test_cli_bad_durations_are_usage_errors() -> None:
+    result = sparkpoint("config", "job", "--timeout", "soon")
+    assert result.returncode == 2
+    assert "--timeout" in result.stderr
