@@ -27,6 +27,7 @@ from services.common.events import (
     CheckpointSettings,
     CheckpointStoreRecord,
     ConfigChange,
+    CoordinatorAnnouncement,
     DeclineCheckpoint,
     Event,
     FailoverRequest,
@@ -59,6 +60,7 @@ from services.common.topics import (
     CHECKPOINT_STORE,
     CONFIG_CHANGES,
     CONTROL,
+    COORDINATORS,
     JOBS,
     TopicSpec,
     TopicState,
@@ -100,6 +102,9 @@ def scripted_exchange(job_id: str, now_ms: int) -> list[Step]:
     before = CheckpointSettings(10_000, 600_000, 0, 1, 0, 0)
     after = CheckpointSettings(10_000, 900_000, 0, 1, 0, 0)
     return [
+        Step(COORDINATORS, CoordinatorAnnouncement(
+            "coordinator-demo", "http://127.0.0.1:8081", [0, 1, 2, 3, 4, 5], {str(p): epoch for p in range(6)}, t - 5,
+        )),
         Step(JOBS, JobRegistered(
             job_id, "payments-example", "agent-demo", 0, JobStatus.RUNNING, 2, 128, subtasks,
             {"execution.checkpointing.interval": "10s", "execution.checkpointing.timeout": "10min"}, t,
@@ -180,6 +185,10 @@ def describe(event: Event) -> str:
             return f"{event.principal} changed {', '.join(event.changed_fields)}: {event.old.checkpoint_timeout_ms} -> {event.new.checkpoint_timeout_ms} ms"
         case CheckpointLifecycleEvent():
             return f"checkpoint {event.checkpoint_id} {event.event_type.name}"
+        case CoordinatorAnnouncement():
+            return (
+                f"{event.instance_id} serves {event.rest_url}, owns partitions {event.partitions}"
+            )
         case CheckpointStoreRecord():
             return f"store: next id {event.checkpoint_id_counter}, retained {[r.checkpoint_id for r in event.retained]}"
     raise TypeError(f"not an event: {event!r}")

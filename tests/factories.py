@@ -11,6 +11,7 @@ from services.common.events import (
     CheckpointSettings,
     CheckpointStoreRecord,
     ConfigChange,
+    CoordinatorAnnouncement,
     DeclineCheckpoint,
     Event,
     FailoverRequest,
@@ -195,6 +196,12 @@ def checkpoint_store_record() -> CheckpointStoreRecord:
     return CheckpointStoreRecord(JOB, 3, 8, retained, T0 + 100)
 
 
+def coordinator_announcement() -> CoordinatorAnnouncement:
+    return CoordinatorAnnouncement(
+        "coordinator-a", "http://10.0.0.5:8081", [0, 3], {"0": 4, "3": 2}, T0
+    )
+
+
 def one_of_each() -> list[Event]:
     """One event of every type, with optional fields both set and unset across the list."""
     return [
@@ -211,4 +218,5 @@ def one_of_each() -> list[Event]:
         config_change(),
         checkpoint_failed_event(),
         checkpoint_store_record(),
+        coordinator_announcement(),
     ]

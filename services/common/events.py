@@ -313,6 +313,16 @@ class CheckpointStoreRecord:
     updated_at: int
 
 
+@dataclass(frozen=True, slots=True)
+class CoordinatorAnnouncement:
+    SCHEMA: ClassVar[str] = f"{NAMESPACE}.CoordinatorAnnouncement"
+    instance_id: str
+    rest_url: str
+    partitions: list[int]
+    owner_epochs: dict[str, int]
+    timestamp: int
+
+
 Event = (
     JobRegistered
     | JobStatusChanged
@@ -326,6 +336,7 @@ Event = (
     | ConfigChange
     | CheckpointLifecycleEvent
     | CheckpointStoreRecord
+    | CoordinatorAnnouncement
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -341,4 +352,5 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ConfigChange,
     CheckpointLifecycleEvent,
     CheckpointStoreRecord,
+    CoordinatorAnnouncement,
 )

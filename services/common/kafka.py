@@ -424,3 +424,34 @@ def read_to_end(
             if tp.offset >= remaining[tp.partition]:
                 del remaining[tp.partition]
     return received
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash (the Java client's default partitioner, librdkafka's murmur2_random)."""
+    seed, m, r = 0x9747B28C, 0x5BD1E995, 24
+    length = len(data)
+    h = (seed ^ length) & 0xFFFFFFFF
+    for i in range(0, length - length % 4, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    tail = length % 4
+    if tail >= 3:
+        h ^= data[length - tail + 2] << 16
+    if tail >= 2:
+        h ^= data[length - tail + 1] << 8
+    if tail >= 1:
+        h ^= data[length - tail]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition a producer with Kafka's default partitioner picks for ``key``."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions

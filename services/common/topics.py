@@ -67,6 +67,10 @@ CHECKPOINT_STORE = TopicSpec(
     "checkpoint-store", Cleanup.COMPACT, "checkpoint id counter and retained checkpoints per job"
 )
 
+COORDINATORS = TopicSpec(
+    "coordinators", Cleanup.COMPACT, "coordinator instances: REST address and owned partitions"
+)
+
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     JOBS,
     CONTROL,
@@ -75,6 +79,7 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     CONFIG_CHANGES,
     CHECKPOINT_EVENTS,
     CHECKPOINT_STORE,
+    COORDINATORS,
 )
 
 

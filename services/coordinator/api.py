@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
@@ -79,6 +79,14 @@ class CheckpointTriggerBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     checkpointType: str = "CONFIGURED"
+
+
+class NotHere(Exception):
+    """The job is not owned by this instance."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
 
 
 def error(status: int, *messages: str) -> JSONResponse:
@@ -193,6 +201,16 @@ def create_app(service: CoordinatorService) -> FastAPI:
                 messages.append(f"{field}: {problem.get('msg', 'invalid')}")
         return error(400, *messages)
 
+    @app.exception_handler(NotHere)
+    async def elsewhere(request: Request, exc: NotHere) -> Any:
+        """A job owned by another instance: 307 to the same request there (method and body
+        kept); 404 when no instance owns it."""
+        owner = service.owner_url(exc.job_id)
+        if owner is None:
+            return error(404, f"Job {exc.job_id} not found")
+        query = f"?{request.url.query}" if request.url.query else ""
+        return RedirectResponse(f"{owner}{request.url.path}{query}", status_code=307)
+
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return error(exc.status_code, str(exc.detail))
@@ -201,7 +219,7 @@ def create_app(service: CoordinatorService) -> FastAPI:
         try:
             return service.job(job_id)
         except UnknownJob:
-            raise HTTPException(404, f"Job {job_id} not found") from None
+            raise NotHere(job_id) from None
 
     @app.get("/jobs")
     async def jobs() -> dict[str, Any]:
@@ -271,6 +289,8 @@ def create_app(service: CoordinatorService) -> FastAPI:
     @app.get("/jobs/{jobid}/checkpoints/{triggerid}")
     async def checkpoint_status(jobid: str, triggerid: str) -> dict[str, Any]:
         request = service.requests.get(triggerid)
+        if request is None and jobid not in service.jobs:
+            raise NotHere(jobid)
         if request is None or request.job_id != jobid or request.savepoint:
             raise HTTPException(404, f"No checkpoint request {triggerid} for job {jobid}")
         return trigger_status(request)
@@ -292,6 +312,8 @@ def create_app(service: CoordinatorService) -> FastAPI:
     @app.get("/jobs/{jobid}/savepoints/{triggerid}")
     async def savepoint_status(jobid: str, triggerid: str) -> dict[str, Any]:
         request = service.requests.get(triggerid)
+        if request is None and jobid not in service.jobs:
+            raise NotHere(jobid)
         if request is None or request.job_id != jobid or not request.savepoint:
             raise HTTPException(404, f"No savepoint request {triggerid} for job {jobid}")
         return trigger_status(request)

@@ -50,6 +50,7 @@ from services.common.events import (
     CheckpointSettings,
     CheckpointStoreRecord,
     ConfigChange,
+    CoordinatorAnnouncement,
     DeclineCheckpoint,
     Event,
     FailoverRequest,
@@ -62,11 +63,13 @@ from services.common.events import (
 )
 from services.common.kafka import (
     ConsumerProfile,
+    EventPublisher,
     EventSubscriber,
     Malformed,
     Received,
     make_consumer,
     make_producer,
+    partition_of,
     read_to_end,
 )
 from services.common.settings import CheckpointConfig, ConfigError
@@ -78,6 +81,7 @@ from services.common.topics import (
     CHECKPOINT_STORE,
     CONFIG_CHANGES,
     CONTROL,
+    COORDINATORS,
     JOBS,
     topic_prefix,
 )
@@ -285,14 +289,25 @@ class CoordinatorService:
         self._ack_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self.ready = threading.Event()
+        self.partition_count = 0
+        self.owners: dict[int, CoordinatorAnnouncement] = {}
+        """For every partition, the newest announcement claiming it (read from the coordinators
+        topic): where to redirect requests for jobs this instance does not own."""
+        self._announcer: EventPublisher | None = None
 
     # --- running ---------------------------------------------------------------------------------------
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._announcer = EventPublisher(
+            make_producer(self.settings.bootstrap, one_record_per_batch=True), self.codec
+        )
         self._threads = [
             threading.Thread(target=self._consume_jobs, name="sparkpoint-jobs", daemon=True),
             threading.Thread(target=self._consume_acks, name="sparkpoint-acks", daemon=True),
+            threading.Thread(
+                target=self._consume_announcements, name="sparkpoint-coordinators", daemon=True
+            ),
         ]
         for thread in self._threads:
             thread.start()
@@ -314,6 +329,9 @@ class CoordinatorService:
                 await asyncio.to_thread(thread.join, 10)
             for writer in self.writers.values():
                 writer.close()
+            self._announce(partitions=[])
+            if self._announcer is not None:
+                self._announcer.close(5)
 
     def stop(self) -> None:
         self._stop.set()
@@ -347,6 +365,9 @@ class CoordinatorService:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         owned = sorted(tp.partition for tp in partitions)
+        self.partition_count = len(
+            consumer.list_topics(JOBS.name(), timeout=10).topics[JOBS.name()].partitions
+        )
         writers = {}
         for partition in owned:
             writers[partition] = PartitionWriter(
@@ -372,6 +393,7 @@ class CoordinatorService:
             with self._ack_lock:
                 self._ack_partitions |= set(owned)
             log.info("%s owns partitions %s (epochs %s)", self.settings.instance_id, owned, epochs)
+            self._announce()
             self.ready.set()
 
         self._post(apply)
@@ -402,6 +424,67 @@ class CoordinatorService:
             if writer is not None:
                 threading.Thread(target=writer.close, daemon=True).start()
             self._replayed.pop(partition, None)
+        self._announce()
+
+    # --- who owns what: the coordinators topic ------------------------------------------------------
+
+    def _announce(self, partitions: list[int] | None = None) -> None:
+        owned = sorted(self.writers) if partitions is None else partitions
+        if self._announcer is None:
+            return
+        announcement = CoordinatorAnnouncement(
+            self.settings.instance_id,
+            self.settings.rest_url,
+            owned,
+            {str(p): self.epochs.get(p, 0) for p in owned},
+            self.clock.now_ms(),
+        )
+        self._announcer.publish_nowait(COORDINATORS, self.settings.instance_id, announcement)
+        self._announcer.producer.poll(0)
+
+    def _consume_announcements(self) -> None:
+        subscriber = EventSubscriber(
+            make_consumer(self.settings.bootstrap, profile=ConsumerProfile.REPLAY),
+            self.codec,
+            self._report_malformed,
+        )
+        topic = COORDINATORS.name()
+        metadata = subscriber.consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if metadata is None or not metadata.partitions:
+            log.warning("no %s topic: requests for jobs owned elsewhere answer 404", topic)
+            return
+        subscriber.assign([TopicPartition(topic, p, 0) for p in metadata.partitions])
+        try:
+            while not self._stop.is_set():
+                for record in subscriber.poll(0.2):
+                    if isinstance(record.event, CoordinatorAnnouncement):
+                        self._post(lambda a=record.event: self._learn(a))  # type: ignore[misc]
+        finally:
+            subscriber.close()
+
+    def _learn(self, announcement: CoordinatorAnnouncement) -> None:
+        for partition, known in list(self.owners.items()):
+            if (
+                known.instance_id == announcement.instance_id
+                and partition not in announcement.partitions
+            ):
+                del self.owners[partition]
+        for partition in announcement.partitions:
+            current = self.owners.get(partition)
+            if current is None or announcement.timestamp >= current.timestamp:
+                self.owners[partition] = announcement
+
+    def owner_url(self, job_id: str) -> str | None:
+        """The REST address of the instance that owns ``job_id``, when it is another one."""
+        if not self.partition_count:
+            return None
+        partition = partition_of(job_id, self.partition_count)
+        if partition in self.writers:
+            return None
+        owner = self.owners.get(partition)
+        if owner is None or owner.instance_id == self.settings.instance_id:
+            return None
+        return owner.rest_url
 
     def _replay(
         self, partitions: list[int]

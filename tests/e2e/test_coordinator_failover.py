@@ -73,6 +73,11 @@ class Cluster:
         return [i for i in self.instances if i.process.poll() is None]
 
 
+def _redirects(other: Instance, owner: Instance, job_id: str) -> bool:
+    response = httpx.get(f"{other.url}/jobs/{job_id}/checkpoints/config", timeout=2)
+    return response.status_code == 307 and response.headers["location"].startswith(owner.url)
+
+
 def _up(url: str) -> bool:
     try:
         return httpx.get(f"{url}/jobs", timeout=1).status_code == 200
@@ -120,13 +125,22 @@ def test_the_new_owner_applies_the_override_and_never_reuses_an_id(
     ).start()  # fmt: skip
     try:
         owner = cluster.owner(agent.job_id)
+        other = next(i for i in (first, second) if i is not owner)
         agent.wait_for(lambda: len(agent.completed) >= 2, what="checkpoints before the failover")
+        until(
+            lambda: _redirects(other, owner, agent.job_id),
+            20,
+            "the other instance redirects to the owner",
+        )
+        # The PATCH goes to the instance that does not own the job: it is redirected (307).
         patched = httpx.patch(
-            f"{owner.url}/jobs/{agent.job_id}/checkpoints/configuration",
+            f"{other.url}/jobs/{agent.job_id}/checkpoints/configuration",
             json={"checkpointTimeout": 45_000},
             timeout=10,
+            follow_redirects=True,
         )
         assert patched.status_code == 200, patched.text
+        assert patched.history and patched.history[0].status_code == 307
         ids_before = [t.checkpoint_id for t in agent.triggers]
 
         owner.process.kill()  # SIGKILL: no goodbye to the group

@@ -161,3 +161,16 @@ def test_a_fenced_producer_error_is_fatal(
         zombie.commit_transaction(10)
 
     assert classify(raised.value.args[0]) is ErrorKind.FATAL
+
+
+def test_producers_place_keys_where_partition_of_says(
+    kafka: KafkaUnderTest, new_topic: NewTopicFactory, codec: EventCodec
+) -> None:
+    from services.common.kafka import partition_of
+
+    topic = new_topic(partitions=6)
+    publisher = EventPublisher(make_producer(kafka.bootstrap), codec)
+    for i in range(30):
+        job_id = f"job-{i}"
+        delivered = publisher.publish_sync(topic, job_id, factories.notify_complete())
+        assert delivered.partition == partition_of(job_id, 6), job_id

@@ -17,6 +17,7 @@ CONTRACT = {
     "config-changes": "delete",
     "checkpoint-events": "delete",
     "checkpoint-store": "compact",
+    "coordinators": "compact",
 }
 
 
