@@ -35,6 +35,7 @@ unit: install
 bench: install
 	$(BIN)/python bench/codec.py
 	$(BIN)/python bench/coordinator_core.py
+	$(BIN)/python bench/coordinator_latency.py
 
 # Regenerate the pinned lock from a fresh resolution of pyproject.toml's lower bounds.
 lock:

@@ -116,6 +116,9 @@ TOPIC_OF: dict[type, Any] = {
 POLL_TIMEOUT_S = 0.05
 """Consumer threads wake this often to notice stop requests and reassignments."""
 
+MAX_BATCH = 500
+"""Batches a writer commits in one transaction at most (group commit under load)."""
+
 TRANSACTION_TIMEOUT_S = 10.0
 """Beginning, producing and committing one batch; longer means the broker is in trouble."""
 
@@ -209,42 +212,67 @@ class PartitionWriter:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            first = self._queue.get()
+            if first is None:
                 return
-            key, events, done = item
-            if not self.alive:
-                done.set_exception(NotOwner(f"partition {self.partition} is not ours any more"))
-                continue
-            try:
-                self._commit(key, events)
-                done.set_result(None)
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                if error.fatal() or error.code() == KafkaError._FENCED:
-                    self.alive = False
-                    log.error(
-                        "partition %d: producer fenced, ownership lost: %s",
-                        self.partition,
-                        error.str(),
-                    )
-                    self.on_fenced(self)
-                    done.set_exception(NotOwner(f"fenced on partition {self.partition}"))
-                else:
-                    self._abort()
-                    done.set_exception(exc)
-            except Exception as exc:
-                self._abort()
-                done.set_exception(exc)
+            batch = [first]
+            closing = False
+            # Group commit: everything queued meanwhile goes into the same transaction, in order.
+            while len(batch) < MAX_BATCH:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    closing = True
+                    break
+                batch.append(item)
+            self._commit_batch(batch)
+            if closing:
+                return
 
-    def _commit(self, key: str, events: list[Event]) -> None:
+    def _commit_batch(self, batch: list[tuple[str, list[Event], Future[None]]]) -> None:
+        if not self.alive:
+            for _, _, done in batch:
+                done.set_exception(NotOwner(f"partition {self.partition} is not ours any more"))
+            return
+        try:
+            self._commit(batch)
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.fatal() or error.code() == KafkaError._FENCED:
+                self.alive = False
+                log.error(
+                    "partition %d: producer fenced, ownership lost: %s", self.partition, error.str()
+                )
+                self.on_fenced(self)
+                failure: Exception = NotOwner(f"fenced on partition {self.partition}")
+            else:
+                self._abort()
+                failure = exc
+            for _, _, done in batch:
+                done.set_exception(failure)
+            return
+        except Exception as exc:
+            self._abort()
+            for _, _, done in batch:
+                done.set_exception(exc)
+            return
+        for _, _, done in batch:
+            done.set_result(None)
+
+    def _commit(self, batch: list[tuple[str, list[Event], Future[None]]]) -> None:
         producer = self.producer
         producer.begin_transaction()
-        for event in events:
-            topic = TOPIC_OF[type(event)].name()
-            producer.produce(
-                topic, key=key.encode(), value=self.codec.encode(event), partition=self.partition
-            )
+        for key, events, _ in batch:
+            for event in events:
+                topic = TOPIC_OF[type(event)].name()
+                producer.produce(
+                    topic,
+                    key=key.encode(),
+                    value=self.codec.encode(event),
+                    partition=self.partition,
+                )
         producer.commit_transaction(TRANSACTION_TIMEOUT_S)
 
     def _abort(self) -> None:
