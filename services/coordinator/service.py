@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -45,6 +45,8 @@ from services.common.avro import EventCodec
 from services.common.clock import SystemClock, TimerQueue
 from services.common.events import (
     AcknowledgeCheckpoint,
+    CheckpointEventType,
+    CheckpointFailureReason,
     CheckpointLifecycleEvent,
     CheckpointOverrides,
     CheckpointSettings,
@@ -59,6 +61,7 @@ from services.common.events import (
     JobStatusChanged,
     NotifyCheckpointAborted,
     NotifyCheckpointComplete,
+    SnapshotType,
     TriggerCheckpoint,
 )
 from services.common.kafka import (
@@ -83,6 +86,7 @@ from services.common.topics import (
     CONTROL,
     COORDINATORS,
     JOBS,
+    TopicSpec,
     topic_prefix,
 )
 from services.coordinator.commands import (
@@ -97,8 +101,9 @@ from services.coordinator.commands import (
     Timer,
 )
 from services.coordinator.coordinator import CheckpointCoordinator, JobInfo
+from services.coordinator.pending import AckResult
 from services.coordinator.store import CompletedCheckpoint, InMemoryCheckpointIdCounter
-from services.overrides.store import fold
+from services.overrides.store import OverrideStore
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +126,28 @@ MAX_BATCH = 500
 
 TRANSACTION_TIMEOUT_S = 10.0
 """Beginning, producing and committing one batch; longer means the broker is in trouble."""
+
+
+LEFT_PENDING_WINDOW = 16
+"""How many of the newest ids a new owner declares aborted (see `_left_pending`)."""
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """Delete the job's record on a compacted topic (published with the job's other events)."""
+
+    topic: TopicSpec
+
+
+class _NoWrites:
+    """The service replays overrides through the OverrideStore but writes them through its fenced
+    partition writers, so the store it replays with never publishes."""
+
+    def publish_sync(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("the coordinator writes overrides through its partition writers")
+
+    def close(self, timeout_s: float = 0) -> None:
+        return None
 
 
 class UpdateInProgress(RuntimeError):
@@ -192,18 +219,20 @@ class PartitionWriter:
         )
         self.producer.init_transactions(TRANSACTION_TIMEOUT_S)  # fences the previous owner
         self.alive = True
-        self._queue: queue.Queue[tuple[str, list[Event], Future[None]] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[str, list[Event | Tombstone], Future[None]] | None] = (
+            queue.Queue()
+        )
         self._thread = threading.Thread(
             target=self._run, name=f"sparkpoint-writer-p{partition}", daemon=True
         )
         self._thread.start()
 
-    def submit(self, key: str, events: list[Event]) -> Future[None]:
+    def submit(self, key: str, events: Sequence[Event | Tombstone]) -> Future[None]:
         done: Future[None] = Future()
         if not self.alive:
             done.set_exception(NotOwner(f"partition {self.partition} is not ours any more"))
         else:
-            self._queue.put((key, events, done))
+            self._queue.put((key, list(events), done))
         return done
 
     def close(self) -> None:
@@ -231,7 +260,7 @@ class PartitionWriter:
             if closing:
                 return
 
-    def _commit_batch(self, batch: list[tuple[str, list[Event], Future[None]]]) -> None:
+    def _commit_batch(self, batch: list[tuple[str, list[Event | Tombstone], Future[None]]]) -> None:
         if not self.alive:
             for _, _, done in batch:
                 done.set_exception(NotOwner(f"partition {self.partition} is not ours any more"))
@@ -261,11 +290,16 @@ class PartitionWriter:
         for _, _, done in batch:
             done.set_result(None)
 
-    def _commit(self, batch: list[tuple[str, list[Event], Future[None]]]) -> None:
+    def _commit(self, batch: list[tuple[str, list[Event | Tombstone], Future[None]]]) -> None:
         producer = self.producer
         producer.begin_transaction()
         for key, events, _ in batch:
             for event in events:
+                if isinstance(event, Tombstone):
+                    producer.produce(
+                        event.topic.name(), key=key.encode(), value=None, partition=self.partition
+                    )
+                    continue
                 topic = TOPIC_OF[type(event)].name()
                 producer.produce(
                     topic,
@@ -310,9 +344,8 @@ class CoordinatorService:
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: asyncio.Queue[Callable[[], None]] = asyncio.Queue()
-        self._replayed: dict[
-            int, tuple[dict[str, CheckpointOverrides], dict[str, CheckpointStoreRecord]]
-        ] = {}
+        self._replayed_overrides: dict[str, CheckpointOverrides] = {}
+        self._replayed_stores: dict[int, dict[str, CheckpointStoreRecord]] = {}
         self._ack_partitions: set[int] = set()
         self._ack_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -413,11 +446,8 @@ class CoordinatorService:
         def apply() -> None:
             self.writers.update(writers)
             self.epochs.update(epochs)
-            for partition in owned:
-                self._replayed[partition] = (
-                    overrides.get(partition, {}),
-                    stores.get(partition, {}),
-                )
+            self._replayed_overrides.update(overrides)
+            self._replayed_stores.update(stores)
             with self._ack_lock:
                 self._ack_partitions |= set(owned)
             log.info("%s owns partitions %s (epochs %s)", self.settings.instance_id, owned, epochs)
@@ -451,7 +481,7 @@ class CoordinatorService:
             writer = self.writers.pop(partition, None)
             if writer is not None:
                 threading.Thread(target=writer.close, daemon=True).start()
-            self._replayed.pop(partition, None)
+            self._replayed_stores.pop(partition, None)
         self._announce()
 
     # --- who owns what: the coordinators topic ------------------------------------------------------
@@ -516,9 +546,7 @@ class CoordinatorService:
 
     def _replay(
         self, partitions: list[int]
-    ) -> tuple[
-        dict[int, dict[str, CheckpointOverrides]], dict[int, dict[str, CheckpointStoreRecord]]
-    ]:
+    ) -> tuple[dict[str, CheckpointOverrides], dict[int, dict[str, CheckpointStoreRecord]]]:
         def read(topic: str) -> list[Received]:
             subscriber = EventSubscriber(
                 make_consumer(self.settings.bootstrap, profile=ConsumerProfile.REPLAY),
@@ -530,8 +558,10 @@ class CoordinatorService:
             finally:
                 subscriber.close()
 
-        override_records = read(CHECKPOINT_OVERRIDES.name())
-        overrides = {p: fold(r for r in override_records if r.partition == p) for p in partitions}
+        replay_only = cast(EventPublisher, _NoWrites())
+        overrides = OverrideStore(self.settings.bootstrap, self.codec, replay_only).replay(
+            partitions
+        )
         stores: dict[int, dict[str, CheckpointStoreRecord]] = {p: {} for p in partitions}
         for record in read(CHECKPOINT_STORE.name()):
             event = record.event
@@ -590,12 +620,9 @@ class CoordinatorService:
                 "job %s registration has an invalid configuration: %s", registration.job_id, exc
             )
             return
-        overrides_by_job, stores = self._replayed.get(partition, ({}, {}))
-        overrides = (
-            previous.overrides
-            if previous is not None
-            else overrides_by_job.get(registration.job_id)
-        )
+        stores = self._replayed_stores.get(partition, {})
+        replayed = self._replayed_overrides.get(registration.job_id)
+        overrides = previous.overrides if previous is not None else replayed
         config = base
         if overrides is not None:
             try:
@@ -614,12 +641,14 @@ class CoordinatorService:
             owner_epoch=self.epochs.get(partition, 1),
         )
         now = self.clock.now_ms()
+        left_pending: list[Event] = []
         if previous is not None:  # what this instance knows is newer than the replayed store
             core.counter.set_count(previous.core.counter.get())
             core.restore(previous.core.store.checkpoints)
         elif (store := stores.get(registration.job_id)) is not None:
             core.counter.set_count(store.checkpoint_id_counter)
             core.restore([CompletedCheckpoint.from_record(r) for r in store.retained])
+            left_pending = self._left_pending(registration.job_id, store, core.owner_epoch, now)
         if registration.restored_checkpoint_id is not None:
             core.counter.set_count(registration.restored_checkpoint_id + 1)
             core.stats.on_restored(
@@ -637,7 +666,33 @@ class CoordinatorService:
             partition,
             len(subtasks),
         )
+        if left_pending:
+            self._publish(job, left_pending)
         self._execute(job, core.start(now))
+
+    def _left_pending(
+        self, job_id: str, store: CheckpointStoreRecord, epoch: int, now: int
+    ) -> list[Event]:
+        """The job moved here: checkpoints the previous owner triggered after its last retained
+        one may still be pending with the agents. They will never complete; say so, as Flink
+        aborts pending checkpoints on JobManager failover. The newest few ids are enough: at
+        most max-concurrent checkpoints are ever pending."""
+        last = max((r.checkpoint_id for r in store.retained), default=0)
+        first = max(last + 1, store.checkpoint_id_counter - LEFT_PENDING_WINDOW)
+        reason = CheckpointFailureReason.CHECKPOINT_COORDINATOR_SUSPEND
+        message = "the coordinator of this job changed"
+        events: list[Event] = []
+        for checkpoint_id in range(first, store.checkpoint_id_counter):
+            events.append(
+                NotifyCheckpointAborted(job_id, epoch, checkpoint_id, reason, now, message)
+            )
+            events.append(
+                CheckpointLifecycleEvent(
+                    job_id, epoch, checkpoint_id, CheckpointEventType.FAILED, SnapshotType.CHECKPOINT,
+                    now, failure_reason=reason, message=message,
+                )
+            )  # fmt: skip
+        return events
 
     def _end_job(self, job_id: str, status: JobStatus | None) -> None:
         job = self.jobs.pop(job_id, None)
@@ -652,6 +707,7 @@ class CoordinatorService:
         if status is not None:
             job.status = status
             self.ended[job_id] = job.registration
+            self._publish(job, [Tombstone(CHECKPOINT_OVERRIDES)])  # its overrides go with it
             log.info("job %s ended: %s", job_id, status.name)
 
     # --- acknowledgements ---------------------------------------------------------------------------
@@ -694,7 +750,12 @@ class CoordinatorService:
                 )
                 continue
             if isinstance(event, AcknowledgeCheckpoint):
-                _, commands = job.core.on_acknowledge(event, now)
+                result, commands = job.core.on_acknowledge(event, now)
+                if result in (AckResult.UNKNOWN, AckResult.DUPLICATE):
+                    log.info(
+                        "%s acknowledgement at %s[%d]@%d (checkpoint %d, %s)", result.name, record.topic,
+                        record.partition, record.offset, event.checkpoint_id, event.subtask_id,
+                    )  # fmt: skip
                 self._execute(job, commands)
             elif isinstance(event, DeclineCheckpoint):
                 self._execute(job, job.core.on_decline(event, now))
@@ -758,7 +819,7 @@ class CoordinatorService:
         if events:
             self._publish(job, events)
 
-    def _publish(self, job: OwnedJob, events: list[Event]) -> Future[None]:
+    def _publish(self, job: OwnedJob, events: Sequence[Event | Tombstone]) -> Future[None]:
         writer = self.writers.get(job.partition)
         if writer is None:
             failed: Future[None] = Future()

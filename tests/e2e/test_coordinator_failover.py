@@ -158,6 +158,9 @@ def test_the_new_owner_applies_the_override_and_never_reuses_an_id(
         agent.stop()
 
     assert config["timeout"] == 45_000  # the override, with no API call to the new owner
+    ended = {c.checkpoint_id for c in agent.completed} | {a.checkpoint_id for a in agent.aborted}
+    assert set(ids_before) <= ended  # what the dead owner left pending was aborted by the new one
+    assert any(a.reason.name == "CHECKPOINT_COORDINATOR_SUSPEND" for a in agent.aborted)
     ids_after = [t.checkpoint_id for t in agent.triggers[len(ids_before) :]]
     assert min(ids_after) > max(ids_before)
     all_ids = [t.checkpoint_id for t in agent.triggers]

@@ -356,6 +356,35 @@ def test_a_savepoint_completes_and_is_listed_after_the_job_ended(
     assert len(listed) == 1  # the default directory's savepoint; `target` is elsewhere
 
 
+def test_a_finished_job_leaves_a_tombstone_for_its_overrides(
+    coordinator: Running, codec: EventCodec
+) -> None:
+    from services.overrides.store import OverrideStore
+
+    finishing, staying = (
+        coordinator.agent(codec, configuration=periodic(interval="1h")) for _ in range(2)
+    )
+    with coordinator.client() as client:
+        for agent in (finishing, staying):
+            assert (
+                client.patch(
+                    f"/jobs/{agent.job_id}/checkpoints/configuration",
+                    json={"checkpointInterval": 7000},
+                ).status_code
+                == 200
+            )
+    finishing.finish()
+    wait(lambda: finishing.job_id not in coordinator.service.jobs, what="job ended")
+    for agent in (finishing, staying):
+        agent.stop()
+
+    def replayed() -> dict[str, object]:
+        return dict(OverrideStore(coordinator.bootstrap, codec).replay())
+
+    wait(lambda: finishing.job_id not in replayed(), what="tombstone")
+    assert replayed()[staying.job_id].overrides.checkpoint_interval_ms == 7000  # type: ignore[attr-defined]
+
+
 def test_a_savepoint_directory_outside_the_roots_is_400(
     coordinator: Running, codec: EventCodec
 ) -> None:
