@@ -119,7 +119,13 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from services.coordinator.main import run
 
-    run(reachable(args.bootstrap), args.rest_host, args.rest_port, args.config)
+    run(
+        reachable(args.bootstrap),
+        args.rest_host,
+        args.rest_port,
+        args.config,
+        args.advertised_rest_url,
+    )
     return EXIT_OK
 
 
@@ -273,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     coordinator.add_argument("--rest-port", type=port_number, default=8081)
     coordinator.add_argument(
         "--config", type=Path, help="YAML with cluster-wide execution.checkpointing.* defaults"
+    )
+    coordinator.add_argument(
+        "--advertised-rest-url",
+        help="the URL other instances redirect to (default: from --rest-host)",
     )
     coordinator.set_defaults(run=cmd_coordinator)
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from pathlib import Path
 
 import uvicorn
@@ -67,12 +68,30 @@ async def serve(service: CoordinatorService, rest_host: str, rest_port: int) -> 
         await api
 
 
-def run(bootstrap: str, rest_host: str, rest_port: int, config_file: Path | None) -> None:
+def advertised_url(rest_host: str, rest_port: int, explicit: str | None) -> str:
+    """Where other instances send requests for this instance's jobs: ``--advertised-rest-url``,
+    else the bind address, else (bound to every interface) this host's name."""
+    if explicit:
+        return explicit.rstrip("/")
+    host = socket.gethostname() if rest_host in ("0.0.0.0", "::", "") else rest_host
+    return f"http://{host}:{rest_port}"
+
+
+def run(
+    bootstrap: str,
+    rest_host: str,
+    rest_port: int,
+    config_file: Path | None,
+    advertised: str | None = None,
+) -> None:
     settings = ServiceSettings(
-        bootstrap, load_defaults(config_file), rest_url=f"http://{rest_host}:{rest_port}"
+        bootstrap,
+        load_defaults(config_file),
+        rest_url=advertised_url(rest_host, rest_port, advertised),
     )
     print(
-        f"coordinator {settings.instance_id}: REST at http://{rest_host}:{rest_port}, Kafka at {bootstrap}",
+        f"coordinator {settings.instance_id}: REST at http://{rest_host}:{rest_port} "
+        f"(advertised {settings.rest_url}), Kafka at {bootstrap}",
         flush=True,
     )
     asyncio.run(serve(CoordinatorService(settings), rest_host, rest_port))
