@@ -25,7 +25,7 @@ from services.common.kafka import (
     make_consumer,
     read_to_end,
 )
-from services.common.settings import parse_duration
+from services.common.settings import REST_FIELDS, parse_duration
 from services.common.topics import CHECKPOINT_EVENTS, CONFIG_CHANGES
 
 log = logging.getLogger(__name__)
@@ -128,18 +128,10 @@ def fates(events: Iterable[Event], job_id: str | None = None) -> dict[tuple[str,
 
 
 def _describe_change(change: ConfigChange) -> str:
-    fields = {
-        "checkpointInterval": "checkpoint_interval_ms",
-        "checkpointTimeout": "checkpoint_timeout_ms",
-        "minPauseBetweenCheckpoints": "min_pause_ms",
-        "maxConcurrentCheckpoints": "max_concurrent_checkpoints",
-        "tolerableCheckpointFailureNumber": "tolerable_failed_checkpoints",
-        "alignedCheckpointTimeout": "aligned_checkpoint_timeout_ms",
-    }
     parts = [
-        f"{name} {getattr(change.old, fields[name])} -> {getattr(change.new, fields[name])}"
+        f"{name} {getattr(change.old, REST_FIELDS[name])} -> {getattr(change.new, REST_FIELDS[name])}"
         for name in change.changed_fields
-        if name in fields
+        if name in REST_FIELDS
     ]
     return f"{change.principal} changed {', '.join(parts)} (request {change.request_id}, override v{change.override_version})"
 

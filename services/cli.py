@@ -34,14 +34,22 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def positive_int(text: str) -> int:
+def whole_number(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return whole_number(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return whole_number(text, 0)
 
 
 def port_number(text: str) -> int:
@@ -75,16 +83,6 @@ def duration_ms(text: str) -> int:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def add_bootstrap(parser: argparse.ArgumentParser) -> None:

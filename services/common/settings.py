@@ -21,6 +21,18 @@ from services.common.events import CheckpointSettings, JobStatus
 PREFIX = "execution.checkpointing."
 
 
+REST_FIELDS = {
+    "checkpointInterval": "checkpoint_interval_ms",
+    "checkpointTimeout": "checkpoint_timeout_ms",
+    "minPauseBetweenCheckpoints": "min_pause_ms",
+    "maxConcurrentCheckpoints": "max_concurrent_checkpoints",
+    "tolerableCheckpointFailureNumber": "tolerable_failed_checkpoints",
+    "alignedCheckpointTimeout": "aligned_checkpoint_timeout_ms",
+}
+"""The fields of ``PATCH /jobs/:id/checkpoints/configuration`` (FLIP-571 names) and the
+`CheckpointSettings` field each sets."""
+
+
 class ConfigError(ValueError):
     """A setting is invalid; ``field`` names it (option name or REST field)."""
 

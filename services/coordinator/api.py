@@ -21,10 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from services.common.events import CheckpointSettings
-from services.common.settings import PREFIX, CheckpointConfig, ConfigError
+from services.common.settings import PREFIX, REST_FIELDS, CheckpointConfig, ConfigError
 from services.common.storage import PathOutsideRoots
 from services.coordinator.service import (
-    REST_FIELDS,
     CoordinatorService,
     OwnedJob,
     TriggerRequest,

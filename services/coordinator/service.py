@@ -75,7 +75,7 @@ from services.common.kafka import (
     partition_of,
     read_to_end,
 )
-from services.common.settings import CheckpointConfig, ConfigError
+from services.common.settings import REST_FIELDS, CheckpointConfig, ConfigError
 from services.common.storage import Storage
 from services.common.topics import (
     ACKS,
@@ -598,13 +598,7 @@ class CoordinatorService:
                     job, job.core.set_backlog(event.processing_backlog, self.clock.now_ms())
                 )
         else:
-            log.warning(
-                "unexpected %s on %s[%d]@%d skipped",
-                type(event).__name__,
-                record.topic,
-                record.partition,
-                record.offset,
-            )
+            _skip_unexpected(record)
 
     def _register(self, registration: JobRegistered, partition: int) -> None:
         previous = self.jobs.get(registration.job_id)
@@ -760,13 +754,7 @@ class CoordinatorService:
             elif isinstance(event, DeclineCheckpoint):
                 self._execute(job, job.core.on_decline(event, now))
             else:
-                log.warning(
-                    "unexpected %s on %s[%d]@%d skipped",
-                    type(event).__name__,
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                )
+                _skip_unexpected(record)
 
     # --- timers -------------------------------------------------------------------------------------------
 
@@ -975,14 +963,14 @@ def _log_failure(job_id: str, done: Future[None]) -> None:
         log.warning("publishing for job %s failed: %s", job_id, error)
 
 
-REST_FIELDS = {
-    "checkpointInterval": "checkpoint_interval_ms",
-    "checkpointTimeout": "checkpoint_timeout_ms",
-    "minPauseBetweenCheckpoints": "min_pause_ms",
-    "maxConcurrentCheckpoints": "max_concurrent_checkpoints",
-    "tolerableCheckpointFailureNumber": "tolerable_failed_checkpoints",
-    "alignedCheckpointTimeout": "aligned_checkpoint_timeout_ms",
-}
+def _skip_unexpected(record: Received) -> None:
+    log.warning(
+        "unexpected %s on %s[%d]@%d skipped",
+        type(record.event).__name__,
+        record.topic,
+        record.partition,
+        record.offset,
+    )
 
 
 def _rest_fields(settings: CheckpointSettings) -> dict[str, Any]:

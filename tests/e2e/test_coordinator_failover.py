@@ -17,10 +17,11 @@ import pytest
 
 from services.common.avro import EventCodec
 from services.common.broker import free_port
+from services.common.events import TriggerCheckpoint
 from services.common.kafka import make_admin
 from services.common.topics import create_topics
 from tests.conftest import KafkaUnderTest
-from tests.scripted_agent import ScriptedAgent
+from tests.scripted_agent import Action, Answer, Script, ScriptedAgent
 
 SPARKPOINT = str(Path(sys.executable).parent / "sparkpoint")
 TAKEOVER_S = 40.0
@@ -73,6 +74,33 @@ class Cluster:
         return [i for i in self.instances if i.process.poll() is None]
 
 
+def start_agent(
+    cluster: Cluster, codec: EventCodec, interval: str, script: Script | None = None
+) -> ScriptedAgent:
+    configuration = {
+        "execution.checkpointing.interval": interval,
+        "execution.checkpointing.timeout": "10s",
+    }
+    agent = ScriptedAgent(
+        cluster.kafka.bootstrap,
+        codec,
+        f"job-{uuid.uuid4().hex[:8]}",
+        configuration=configuration,
+        state_dir=cluster.root,
+    )
+    if script is not None:
+        agent.script = script
+    return agent.start()
+
+
+def hang_from(checkpoint_id: int, epoch: int) -> Script:
+    def script(trigger: TriggerCheckpoint, subtask: str) -> Answer:
+        hang = trigger.owner_epoch == epoch and trigger.checkpoint_id >= checkpoint_id
+        return Answer(Action.HANG if hang else Action.ACK)
+
+    return script
+
+
 def _redirects(other: Instance, owner: Instance, job_id: str) -> bool:
     response = httpx.get(f"{other.url}/jobs/{job_id}/checkpoints/config", timeout=2)
     return response.status_code == 307 and response.headers["location"].startswith(owner.url)
@@ -119,10 +147,8 @@ def test_the_new_owner_applies_the_override_and_never_reuses_an_id(
     cluster: Cluster, codec: EventCodec
 ) -> None:
     first, second = cluster.start_instance(), cluster.start_instance()
-    agent = ScriptedAgent(
-        cluster.kafka.bootstrap, codec, f"job-{uuid.uuid4().hex[:8]}", state_dir=cluster.root,
-        configuration={"execution.checkpointing.interval": "300ms", "execution.checkpointing.timeout": "10s"},
-    ).start()  # fmt: skip
+    # the first owner's checkpoints from id 3 on are never acknowledged: one is pending when it dies
+    agent = start_agent(cluster, codec, "300ms", hang_from(3, epoch=1))
     try:
         owner = cluster.owner(agent.job_id)
         other = next(i for i in (first, second) if i is not owner)
@@ -141,6 +167,7 @@ def test_the_new_owner_applies_the_override_and_never_reuses_an_id(
         )
         assert patched.status_code == 200, patched.text
         assert patched.history and patched.history[0].status_code == 307
+        agent.wait_for(lambda: agent.triggers[-1].checkpoint_id >= 3, what="a pending checkpoint")
         ids_before = [t.checkpoint_id for t in agent.triggers]
 
         owner.process.kill()  # SIGKILL: no goodbye to the group
@@ -160,7 +187,13 @@ def test_the_new_owner_applies_the_override_and_never_reuses_an_id(
     assert config["timeout"] == 45_000  # the override, with no API call to the new owner
     ended = {c.checkpoint_id for c in agent.completed} | {a.checkpoint_id for a in agent.aborted}
     assert set(ids_before) <= ended  # what the dead owner left pending was aborted by the new one
-    assert any(a.reason.name == "CHECKPOINT_COORDINATOR_SUSPEND" for a in agent.aborted)
+    assert any(a.reason.name == "CHECKPOINT_COORDINATOR_SUSPEND" for a in agent.aborted), (
+        [(t.checkpoint_id, t.owner_epoch) for t in agent.triggers],
+        [c.checkpoint_id for c in agent.completed],
+        [(a.checkpoint_id, a.reason.name, a.owner_epoch) for a in agent.aborted],
+        ids_before,
+        agent.stale,
+    )
     ids_after = [t.checkpoint_id for t in agent.triggers[len(ids_before) :]]
     assert min(ids_after) > max(ids_before)
     all_ids = [t.checkpoint_id for t in agent.triggers]
@@ -172,10 +205,7 @@ def test_a_stale_instance_that_resumes_publishes_nothing_agents_accept(
     cluster: Cluster, codec: EventCodec
 ) -> None:
     first, second = cluster.start_instance(), cluster.start_instance()
-    agent = ScriptedAgent(
-        cluster.kafka.bootstrap, codec, f"job-{uuid.uuid4().hex[:8]}", state_dir=cluster.root,
-        configuration={"execution.checkpointing.interval": "200ms", "execution.checkpointing.timeout": "10s"},
-    ).start()  # fmt: skip
+    agent = start_agent(cluster, codec, "200ms")
     try:
         owner = cluster.owner(agent.job_id)
         agent.wait_for(lambda: len(agent.completed) >= 2, what="checkpoints before the pause")
