@@ -42,6 +42,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 class KafkaUnderTest:
     bootstrap: str
     kind: str
+    embedded: EmbeddedBroker | None = None
 
     @property
     def is_embedded(self) -> bool:
@@ -73,7 +74,7 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaUnderTest]:
         return
     log_file = tmp_path_factory.mktemp("broker") / "tansu.log"
     with EmbeddedBroker(log_file=log_file) as broker:
-        yield KafkaUnderTest(broker.bootstrap, EMBEDDED)
+        yield KafkaUnderTest(broker.bootstrap, EMBEDDED, broker)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -146,6 +147,15 @@ class EmbeddedBroker:
             "embedded broker up", extra={"bootstrap": self.bootstrap, "pid": self._process.pid}
         )
         return self
+
+    def pause(self) -> None:
+        """SIGSTOP: the broker stops answering (for tests of requests in flight)."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         process, self._process = self._process, None

@@ -240,26 +240,35 @@ def test_a_reduced_timeout_aborts_a_checkpoint_at_once(
 
 
 def test_concurrent_updates_one_succeeds_the_others_get_409(
-    coordinator: Running, codec: EventCodec
+    coordinator: Running, codec: EventCodec, kafka: KafkaUnderTest
 ) -> None:
+    if kafka.embedded is None:
+        pytest.skip("holds the first update in flight by pausing the embedded broker")
     agent = coordinator.agent(codec, configuration=periodic(interval="1h"))
+    job = coordinator.service.jobs[agent.job_id]
+    path = f"/jobs/{agent.job_id}/checkpoints/configuration"
 
-    async def patch_all() -> list[int]:
-        async with httpx.AsyncClient(base_url=coordinator.url, timeout=15) as client:
-            responses = await asyncio.gather(
-                *(
-                    client.patch(
-                        f"/jobs/{agent.job_id}/checkpoints/configuration",
-                        json={"checkpointInterval": 1000 + i},
-                    )
-                    for i in range(8)
+    async def updates() -> tuple[int, list[int]]:
+        async with httpx.AsyncClient(base_url=coordinator.url, timeout=30) as client:
+            kafka.embedded.pause()  # type: ignore[union-attr]
+            try:
+                first = asyncio.create_task(client.patch(path, json={"checkpointInterval": 1000}))
+                while not job.updating:  # persisting to the paused broker: in progress
+                    await asyncio.sleep(0.005)
+                others = await asyncio.gather(
+                    *(client.patch(path, json={"checkpointInterval": 2000 + i}) for i in range(7))
                 )
-            )
-        return sorted(r.status_code for r in responses)
+            finally:
+                kafka.embedded.resume()  # type: ignore[union-attr]
+            return (await first).status_code, [r.status_code for r in others]
 
-    codes = asyncio.run(patch_all())
+    first, others = asyncio.run(updates())
+    with coordinator.client() as client:
+        interval = client.get(f"/jobs/{agent.job_id}/checkpoints/config").json()["interval"]
     agent.stop()
-    assert codes.count(200) >= 1 and set(codes) <= {200, 409} and 409 in codes
+    assert first == 200
+    assert others == [409] * 7
+    assert interval == 1000
 
 
 # --- validation -----------------------------------------------------------------------------------------
