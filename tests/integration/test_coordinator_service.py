@@ -271,6 +271,51 @@ def test_concurrent_updates_one_succeeds_the_others_get_409(
     assert interval == 1000
 
 
+def test_a_declining_agent_gets_aborts_and_a_failover_request(
+    coordinator: Running, codec: EventCodec
+) -> None:
+    agent = coordinator.agent(
+        codec,
+        configuration=periodic(
+            interval="200ms", **{"execution.checkpointing.tolerable-failed-checkpoints": "1"}
+        ),
+        script=lambda trigger, subtask: Answer(
+            Action.DECLINE if subtask == "keyed-1" else Action.ACK
+        ),
+    )
+    agent.wait_for(lambda: agent.failovers, what="a failover request")
+    agent.stop()
+    assert {a.reason for a in agent.aborted} == {CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION}
+    assert agent.failovers[0].consecutive_failures == 2
+    assert agent.completed == []
+
+
+def test_a_crashed_agent_s_checkpoints_expire(coordinator: Running, codec: EventCodec) -> None:
+    agent = coordinator.agent(
+        codec,
+        configuration=periodic(interval="1h", timeout="300ms"),
+        script=lambda trigger, subtask: Answer(
+            Action.CRASH if subtask == "keyed-1" else Action.ACK
+        ),
+    )
+    with coordinator.client() as client:
+        request_id = client.post(f"/jobs/{agent.job_id}/checkpoints").json()["request-id"]
+        wait(
+            lambda: (
+                client.get(f"/jobs/{agent.job_id}/checkpoints/{request_id}").json()["status"]["id"]
+                == "COMPLETED"
+            )
+        )
+        answer = client.get(f"/jobs/{agent.job_id}/checkpoints/{request_id}").json()
+        stats = client.get(f"/jobs/{agent.job_id}/checkpoints").json()
+    agent.stop()
+    assert "CHECKPOINT_EXPIRED" in answer["operation"]["failure-cause"]["stack-trace"]
+    assert (
+        stats["counts"]["failed"] == 1
+        and stats["latest"]["failed"]["num_acknowledged_subtasks"] == 1
+    )
+
+
 # --- validation -----------------------------------------------------------------------------------------
 
 
