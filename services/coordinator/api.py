@@ -380,7 +380,8 @@ async function load(){
     const s=await r.json(); const h=s.history.slice().reverse();
     const max=Math.max(1,...h.map(c=>c.end_to_end_duration));
     html+=`<p>completed ${s.counts.completed} · failed ${s.counts.failed} · in progress ${s.counts.in_progress}</p>`;
-    html+=`<svg width="${h.length*24+10}" height="110">`+h.map((c,i)=>`<rect x="${5+i*24}" y="${105-100*c.end_to_end_duration/max}" width="18" height="${100*c.end_to_end_duration/max}" class="${c.status}" fill="currentColor"><title>#${c.id} ${c.end_to_end_duration} ms</title></rect>`).join('')+`</svg>`;
+    const bar=c=>Math.max(4,100*c.end_to_end_duration/max);  // failed ones too, in red
+    html+=`<svg width="${h.length*24+10}" height="110">`+h.map((c,i)=>`<rect x="${5+i*24}" y="${105-bar(c)}" width="18" height="${bar(c)}" class="${c.status}" fill="currentColor"><title>#${c.id} ${c.status} ${c.end_to_end_duration} ms</title></rect>`).join('')+`</svg>`;
     html+='<table><tr><th>id</th><th>status</th><th>type</th><th>duration ms</th><th>state bytes</th><th>acks</th><th>path</th></tr>'+
       s.history.map(c=>`<tr><td>${c.id}</td><td class="${c.status}">${c.status}</td><td>${c.checkpoint_type}</td><td>${c.end_to_end_duration}</td><td>${c.state_size}</td><td>${c.num_acknowledged_subtasks}/${c.num_subtasks}</td><td>${c.external_path||c.failure_message||''}</td></tr>`).join('')+'</table>';
   }

@@ -467,6 +467,7 @@ def test_lifecycle_events_and_metrics(coordinator: Running, codec: EventCodec) -
     with coordinator.client() as client:
         metrics = client.get("/metrics").text
         openapi = client.get("/openapi.json").json()
+        dashboard = client.get("/")
     agent.stop()
     events = [
         e
@@ -478,6 +479,10 @@ def test_lifecycle_events_and_metrics(coordinator: Running, codec: EventCodec) -
     assert f'flink_jobmanager_job_numberOfCompletedCheckpoints{{job_id="{agent.job_id}"' in metrics
     assert "flink_jobmanager_job_lastCheckpointDuration" in metrics
     assert "/jobs/{jobid}/checkpoints/configuration" in openapi["paths"]
+    assert dashboard.status_code == 200 and dashboard.headers["content-type"].startswith(
+        "text/html"
+    )
+    assert "fetch('/jobs')" in dashboard.text and "<svg" in dashboard.text
 
 
 # --- bad input ---------------------------------------------------------------------------------------------
