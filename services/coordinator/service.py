@@ -219,6 +219,8 @@ class PartitionWriter:
         )
         self.producer.init_transactions(TRANSACTION_TIMEOUT_S)  # fences the previous owner
         self.alive = True
+        self.accepting = True
+        self._lock = threading.Lock()
         self._queue: queue.Queue[tuple[str, list[Event | Tombstone], Future[None]] | None] = (
             queue.Queue()
         )
@@ -229,15 +231,20 @@ class PartitionWriter:
 
     def submit(self, key: str, events: Sequence[Event | Tombstone]) -> Future[None]:
         done: Future[None] = Future()
-        if not self.alive:
-            done.set_exception(NotOwner(f"partition {self.partition} is not ours any more"))
-        else:
-            self._queue.put((key, list(events), done))
+        with self._lock:
+            if self.accepting and self.alive:
+                self._queue.put((key, list(events), done))
+                return done
+        done.set_exception(NotOwner(f"partition {self.partition} is not ours any more"))
         return done
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(TRANSACTION_TIMEOUT_S)
+        """Commits everything already queued, then stops; later submits fail at once."""
+        with self._lock:
+            if self.accepting:
+                self.accepting = False
+                self._queue.put(None)
+        self._thread.join(TRANSACTION_TIMEOUT_S * 2)
 
     def _run(self) -> None:
         while True:
@@ -460,6 +467,12 @@ class CoordinatorService:
         lost = {tp.partition for tp in partitions}
         with self._ack_lock:
             self._ack_partitions -= lost
+        # Commit what is queued for these partitions before the group moves on: the next owner
+        # (maybe this instance again) replays the store and must see every id already used.
+        for partition in lost:
+            writer = self.writers.get(partition)
+            if writer is not None:
+                writer.close()
         self._post(lambda: self._drop_partitions(lost))
 
     def _on_fenced(self, writer: PartitionWriter) -> None:
@@ -701,7 +714,10 @@ class CoordinatorService:
         if status is not None:
             job.status = status
             self.ended[job_id] = job.registration
-            self._publish(job, [Tombstone(CHECKPOINT_OVERRIDES)])  # its overrides go with it
+            # what retention kept, and no overrides any more
+            self._publish(
+                job, [job.core.store_record(self.clock.now_ms()), Tombstone(CHECKPOINT_OVERRIDES)]
+            )
             log.info("job %s ended: %s", job_id, status.name)
 
     # --- acknowledgements ---------------------------------------------------------------------------

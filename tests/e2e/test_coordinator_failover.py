@@ -228,3 +228,26 @@ def test_a_stale_instance_that_resumes_publishes_nothing_agents_accept(
     ids = [t.checkpoint_id for t in agent.triggers]
     assert ids == sorted(set(ids))
     until(lambda: not owner.owns(agent.job_id), 20, "the zombie gives the job up")
+
+
+def test_a_rebalance_when_an_instance_joins_keeps_ids_increasing(
+    cluster: Cluster, codec: EventCodec
+) -> None:
+    first = cluster.start_instance()
+    agent = start_agent(cluster, codec, "100ms")
+    try:
+        cluster.owner(agent.job_id)
+        agent.wait_for(lambda: len(agent.completed) >= 5, what="checkpoints before the rebalance")
+        before = len(agent.triggers)
+        cluster.start_instance()  # joining makes the group revoke and reassign everything
+        agent.wait_for(
+            lambda: agent.triggers[-1].owner_epoch > agent.triggers[0].owner_epoch,
+            what="a new epoch",
+        )
+        agent.wait_for(lambda: len(agent.completed) >= 10, what="checkpoints after the rebalance")
+    finally:
+        agent.stop()
+    ids = [t.checkpoint_id for t in agent.triggers]
+    assert ids == sorted(set(ids)), ids
+    assert len(ids) > before
+    assert first.process.poll() is None
