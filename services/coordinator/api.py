@@ -25,6 +25,7 @@ from services.common.settings import PREFIX, REST_FIELDS, CheckpointConfig, Conf
 from services.common.storage import PathOutsideRoots
 from services.coordinator.service import (
     CoordinatorService,
+    NotOwner,
     OwnedJob,
     TriggerRequest,
     UnknownJob,
@@ -261,6 +262,8 @@ def create_app(service: CoordinatorService) -> FastAPI:
             return error(400, f"{field}: {str(exc).split(': ', 1)[-1]}")
         except UnknownJob:
             return error(404, f"Job {jobid} not found")
+        except NotOwner:
+            return error(503, f"job {jobid} moved to another coordinator during the update; retry")
         except Exception as exc:
             return error(503, f"the change was not persisted, nothing changed: {exc}")
         return config_json(config)

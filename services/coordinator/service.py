@@ -362,6 +362,7 @@ class CoordinatorService:
         """For every partition, the newest announcement claiming it (read from the coordinators
         topic): where to redirect requests for jobs this instance does not own."""
         self._announcer: EventPublisher | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # --- running ---------------------------------------------------------------------------------------
 
@@ -813,7 +814,9 @@ class CoordinatorService:
             elif isinstance(command, CancelTimer):
                 self.timers.cancel(command.timer)
             elif isinstance(command, FinalizeCheckpoint):
-                asyncio.get_running_loop().create_task(self._finalize(job, command))
+                task = asyncio.get_running_loop().create_task(self._finalize(job, command))
+                self._tasks.add(task)  # the loop keeps only weak references to tasks
+                task.add_done_callback(self._tasks.discard)
             elif isinstance(command, DiscardState):
                 asyncio.get_running_loop().run_in_executor(None, self._discard, command)
             elif isinstance(command, RequestCompleted | RequestFailed):
@@ -951,8 +954,12 @@ class CoordinatorService:
             version = (job.overrides.version if job.overrides else 0) + 1
             record = CheckpointOverrides(job_id, version, merged, request_id, self.clock.now_ms())
             await asyncio.wrap_future(self._publish(job, [record]))  # persisted before it applies
-            if self.jobs.get(job_id) is not job:
-                raise NotOwner(job_id)
+            live = self.jobs.get(job_id)
+            if live is None:
+                raise NotOwner(job_id)  # persisted: the next owner applies it on takeover
+            if live is not job:  # the job restarted meanwhile: apply to its new coordinator
+                current, new_config = live.core.config, live.core.config.with_overrides(changes)
+                job = live
             job.overrides = record
             now = self.clock.now_ms()
             self._execute(job, job.core.apply_config(new_config, now))
