@@ -239,15 +239,15 @@ def create_app(service: CoordinatorService) -> FastAPI:
     @app.patch("/jobs/{jobid}/checkpoints/configuration")
     async def update_configuration(
         jobid: str,
+        request: Request,
         update: Annotated[ConfigurationUpdate, Body()],
         x_sparkpoint_principal: Annotated[str | None, Header()] = None,
         x_request_id: Annotated[str | None, Header()] = None,
-        request: Request = None,  # type: ignore[assignment]
     ) -> Any:
         owned(jobid)
         principal = (
             x_sparkpoint_principal
-            or f"anonymous@{request.client.host if request and request.client else 'unknown'}"
+            or f"anonymous@{request.client.host if request.client else 'unknown'}"
         )
         try:
             config = await service.update_configuration(
@@ -284,9 +284,14 @@ def create_app(service: CoordinatorService) -> FastAPI:
     @app.post("/jobs/{jobid}/checkpoints")
     async def trigger_checkpoint(
         jobid: str, body: Annotated[CheckpointTriggerBody | None, Body()] = None
-    ) -> dict[str, Any]:
+    ) -> Any:
         owned(jobid)
-        return {"request-id": service.trigger(jobid, savepoint=False).request_id}
+        kind = (body or CheckpointTriggerBody()).checkpointType
+        if kind not in ("CONFIGURED", "FULL", "INCREMENTAL"):
+            return error(400, "checkpointType: must be CONFIGURED, FULL or INCREMENTAL")
+        return {
+            "request-id": service.trigger(jobid, savepoint=False, full=kind == "FULL").request_id
+        }
 
     @app.get("/jobs/{jobid}/checkpoints/{triggerid}")
     async def checkpoint_status(jobid: str, triggerid: str) -> dict[str, Any]:

@@ -921,6 +921,7 @@ class CoordinatorService:
         savepoint: bool,
         target_directory: str | None = None,
         terminate: bool = False,
+        full: bool = False,
     ) -> TriggerRequest:
         job = self.job(job_id)
         if target_directory is not None:
@@ -933,7 +934,7 @@ class CoordinatorService:
                 now, request.request_id, target_directory, terminate
             )
         else:
-            commands = job.core.trigger_checkpoint(now, request.request_id)
+            commands = job.core.trigger_checkpoint(now, request.request_id, full=full)
         self._execute(job, commands)
         return request
 

@@ -143,7 +143,11 @@ def test_a_manual_checkpoint_is_answered_with_its_id(
 ) -> None:
     agent = coordinator.agent(codec, configuration={})
     with coordinator.client() as client:
-        request_id = client.post(f"/jobs/{agent.job_id}/checkpoints").json()["request-id"]
+        bad = client.post(f"/jobs/{agent.job_id}/checkpoints", json={"checkpointType": "SOME"})
+        full = {"checkpointType": "FULL"}
+        request_id = client.post(f"/jobs/{agent.job_id}/checkpoints", json=full).json()[
+            "request-id"
+        ]
         wait(
             lambda: (
                 client.get(f"/jobs/{agent.job_id}/checkpoints/{request_id}").json()["status"]["id"]
@@ -152,7 +156,9 @@ def test_a_manual_checkpoint_is_answered_with_its_id(
         )
         answer = client.get(f"/jobs/{agent.job_id}/checkpoints/{request_id}").json()
     agent.stop()
+    assert bad.status_code == 400 and "checkpointType" in bad.json()["errors"][0]
     assert answer["operation"]["checkpointId"] == agent.completed[0].checkpoint_id
+    assert agent.triggers[0].snapshot_type.name == "FULL_CHECKPOINT"
 
 
 # --- FLIP-571 ------------------------------------------------------------------------------------------
