@@ -86,6 +86,16 @@ def embedded_only(kafka: KafkaUnderTest) -> KafkaUnderTest:
 
 
 @pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One Spark session for the whole run: a session takes 12-18 s to its first result here."""
+    from services.agent.spark import spark_session
+
+    session = spark_session("sparkpoint-tests", master="local[2]")
+    yield session
+    session.stop()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
 def codec() -> EventCodec:
     return EventCodec()
 
