@@ -101,8 +101,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_topics_create(args: argparse.Namespace) -> int:
-    from services.common.topics import create_topics
-    from services.demo import print_topics
+    from services.common.topics import create_topics, print_topics
 
     bootstrap = reachable(args.bootstrap)
     states = create_topics(

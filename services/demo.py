@@ -63,8 +63,8 @@ from services.common.topics import (
     COORDINATORS,
     JOBS,
     TopicSpec,
-    TopicState,
     create_topics,
+    print_topics,
 )
 
 EMBEDDED_PORT = 9092
@@ -192,16 +192,6 @@ def describe(event: Event) -> str:
         case CheckpointStoreRecord():
             return f"store: next id {event.checkpoint_id_counter}, retained {[r.checkpoint_id for r in event.retained]}"
     raise TypeError(f"not an event: {event!r}")
-
-
-def print_topics(states: list[TopicState], say: Say) -> None:
-    say("topics:")
-    width = max(len(s.name) for s in states)
-    for s in states:
-        verb = "created" if s.created else "exists"
-        say(
-            f"  {s.name:<{width}}  cleanup.policy={s.cleanup_policy:<7}  partitions={s.partitions}  {verb}"
-        )
 
 
 def run_exchange(bootstrap: str, codec: EventCodec, say: Say) -> list[Received]:

@@ -7,6 +7,7 @@ the prefix ``SPARKPOINT_TOPIC_PREFIX`` (default ``sparkpoint.``).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -162,3 +163,13 @@ def describe_cleanup_policies(admin: AdminClient, names: list[str]) -> dict[str,
         entry = future.result().get("cleanup.policy")
         policies[resource.name] = entry.value if entry is not None else "delete"
     return policies
+
+
+def print_topics(states: list[TopicState], say: Callable[[str], None]) -> None:
+    say("topics:")
+    width = max(len(s.name) for s in states)
+    for s in states:
+        verb = "created" if s.created else "exists"
+        say(
+            f"  {s.name:<{width}}  cleanup.policy={s.cleanup_policy:<7}  partitions={s.partitions}  {verb}"
+        )

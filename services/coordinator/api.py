@@ -225,10 +225,7 @@ def create_app(service: CoordinatorService) -> FastAPI:
     async def jobs() -> dict[str, Any]:
         listed = [
             {"id": job.job_id, "name": job.registration.job_name, "status": job.status.name, "parallelism": job.registration.parallelism}
-            for job in service.jobs.values()
-        ] + [
-            {"id": r.job_id, "name": r.job_name, "status": "FINISHED" if r.status.name == "RUNNING" else r.status.name, "parallelism": r.parallelism}
-            for r in service.ended.values()
+            for job in [*service.jobs.values(), *service.ended.values()]
         ]  # fmt: skip
         return {"jobs": listed}
 

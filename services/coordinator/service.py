@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -139,17 +139,6 @@ class Tombstone:
     topic: TopicSpec
 
 
-class _NoWrites:
-    """The service replays overrides through the OverrideStore but writes them through its fenced
-    partition writers, so the store it replays with never publishes."""
-
-    def publish_sync(self, *args: object, **kwargs: object) -> None:
-        raise RuntimeError("the coordinator writes overrides through its partition writers")
-
-    def close(self, timeout_s: float = 0) -> None:
-        return None
-
-
 class UpdateInProgress(RuntimeError):
     """Another configuration update of the same job is being applied (409)."""
 
@@ -209,6 +198,7 @@ class PartitionWriter:
         self.codec = codec
         self.on_fenced = on_fenced
         self.transactional_id = f"{topic_prefix()}coordinator-p{partition}"
+        self._topic_of = {kind: spec.name() for kind, spec in TOPIC_OF.items()}  # resolved once
         # One record per batch: the audit and store topics are replayed to their end offsets,
         # which the embedded broker reports right only for one-record batches.
         self.producer: Producer = make_producer(
@@ -307,9 +297,8 @@ class PartitionWriter:
                         event.topic.name(), key=key.encode(), value=None, partition=self.partition
                     )
                     continue
-                topic = TOPIC_OF[type(event)].name()
                 producer.produce(
-                    topic,
+                    self._topic_of[type(event)],
                     key=key.encode(),
                     value=self.codec.encode(event),
                     partition=self.partition,
@@ -342,7 +331,7 @@ class CoordinatorService:
         self.storage = Storage([settings.defaults.checkpoint_dir, settings.defaults.savepoint_dir])
         self.jobs: dict[str, OwnedJob] = {}
         self.requests: dict[str, TriggerRequest] = {}
-        self.ended: dict[str, JobRegistered] = {}
+        self.ended: dict[str, OwnedJob] = {}
         self.writers: dict[int, PartitionWriter] = {}
         self.epochs: dict[int, int] = {}
         self.malformed = 0
@@ -572,10 +561,7 @@ class CoordinatorService:
             finally:
                 subscriber.close()
 
-        replay_only = cast(EventPublisher, _NoWrites())
-        overrides = OverrideStore(self.settings.bootstrap, self.codec, replay_only).replay(
-            partitions
-        )
+        overrides = OverrideStore(self.settings.bootstrap, self.codec).replay(partitions)
         stores: dict[int, dict[str, CheckpointStoreRecord]] = {p: {} for p in partitions}
         for record in read(CHECKPOINT_STORE.name()):
             event = record.event
@@ -714,7 +700,7 @@ class CoordinatorService:
         self._execute(job, commands)
         if status is not None:
             job.status = status
-            self.ended[job_id] = job.registration
+            self.ended[job_id] = job
             # what retention kept, and no overrides any more
             self._publish(
                 job, [job.core.store_record(self.clock.now_ms()), Tombstone(CHECKPOINT_OVERRIDES)]

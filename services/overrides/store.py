@@ -80,9 +80,15 @@ class OverrideStore:
         self.bootstrap = bootstrap
         self.codec = codec
         self.topic = topic if isinstance(topic, str) else topic.name()
-        self.publisher = publisher or EventPublisher(
-            make_producer(bootstrap, one_record_per_batch=True), codec
-        )
+        self._publisher = publisher
+
+    @property
+    def publisher(self) -> EventPublisher:
+        """Opened on the first write: a store that only replays never connects a producer."""
+        if self._publisher is None:
+            producer = make_producer(self.bootstrap, one_record_per_batch=True)
+            self._publisher = EventPublisher(producer, self.codec)
+        return self._publisher
 
     def put(self, overrides: CheckpointOverrides, timeout_s: float = PUT_TIMEOUT_S) -> Delivered:
         """Persists a job's overrides; returns once the broker acknowledged, raises otherwise."""
@@ -113,4 +119,5 @@ class OverrideStore:
         return overrides
 
     def close(self) -> None:
-        self.publisher.close()
+        if self._publisher is not None:
+            self._publisher.close()
