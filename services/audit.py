@@ -19,11 +19,8 @@ from services.common.events import (
     Event,
 )
 from services.common.kafka import (
-    ConsumerProfile,
-    EventSubscriber,
     Malformed,
-    make_consumer,
-    read_to_end,
+    replay_topic,
 )
 from services.common.settings import REST_FIELDS, parse_duration
 from services.common.topics import CHECKPOINT_EVENTS, CONFIG_CHANGES
@@ -71,13 +68,8 @@ def parse_since(text: str | None, now_ms: int) -> int | None:
 def read_audit(bootstrap: str, codec: EventCodec, on_malformed: Any = None) -> list[Event]:
     events: list[Event] = []
     for topic in (CONFIG_CHANGES.name(), CHECKPOINT_EVENTS.name()):
-        subscriber = EventSubscriber(
-            make_consumer(bootstrap, profile=ConsumerProfile.REPLAY), codec, on_malformed
-        )
-        try:
-            events.extend(r.event for r in read_to_end(subscriber, topic) if r.event is not None)
-        finally:
-            subscriber.close()
+        records = replay_topic(bootstrap, codec, topic, on_malformed=on_malformed)
+        events.extend(r.event for r in records if r.event is not None)
     return events
 
 

@@ -44,14 +44,11 @@ from services.common.events import (
     TriggerCheckpoint,
 )
 from services.common.kafka import (
-    ConsumerProfile,
     EventPublisher,
-    EventSubscriber,
     Received,
     make_admin,
-    make_consumer,
     make_producer,
-    read_to_end,
+    replay_topic,
 )
 from services.common.topics import (
     ACKS,
@@ -205,12 +202,8 @@ def run_exchange(bootstrap: str, codec: EventCodec, say: Say) -> list[Received]:
 
     received: dict[tuple[str, int, int], Received] = {}
     for topic in {step.topic.name() for step in steps}:
-        subscriber = EventSubscriber(
-            make_consumer(bootstrap, profile=ConsumerProfile.REPLAY), codec
-        )
-        for record in read_to_end(subscriber, topic):
+        for record in replay_topic(bootstrap, codec, topic):
             received[(record.topic, record.partition, record.offset)] = record
-        subscriber.close()
 
     say(f"scripted exchange for job {job_id} (published, then read back from the broker):")
     width = max(len(d.topic) for d in delivered) + 8

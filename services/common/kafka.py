@@ -455,3 +455,21 @@ def murmur2(data: bytes) -> int:
 def partition_of(key: str, partitions: int) -> int:
     """The partition a producer with Kafka's default partitioner picks for ``key``."""
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def replay_topic(
+    bootstrap: str,
+    codec: EventCodec,
+    topic: TopicSpec | str,
+    partitions: Iterable[int] | None = None,
+    on_malformed: Callable[[Malformed], None] | None = None,
+    timeout_s: float = 60.0,
+) -> list[Received]:
+    """A topic's records up to the end offsets taken now, read by a fresh REPLAY consumer."""
+    subscriber = EventSubscriber(
+        make_consumer(bootstrap, profile=ConsumerProfile.REPLAY), codec, on_malformed
+    )
+    try:
+        return read_to_end(subscriber, topic, partitions, timeout_s)
+    finally:
+        subscriber.close()

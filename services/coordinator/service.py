@@ -73,7 +73,7 @@ from services.common.kafka import (
     make_consumer,
     make_producer,
     partition_of,
-    read_to_end,
+    replay_topic,
 )
 from services.common.settings import REST_FIELDS, CheckpointConfig, ConfigError
 from services.common.storage import Storage
@@ -550,20 +550,16 @@ class CoordinatorService:
     def _replay(
         self, partitions: list[int]
     ) -> tuple[dict[str, CheckpointOverrides], dict[int, dict[str, CheckpointStoreRecord]]]:
-        def read(topic: str) -> list[Received]:
-            subscriber = EventSubscriber(
-                make_consumer(self.settings.bootstrap, profile=ConsumerProfile.REPLAY),
-                self.codec,
-                self._report_malformed,
-            )
-            try:
-                return read_to_end(subscriber, topic, partitions)
-            finally:
-                subscriber.close()
-
         overrides = OverrideStore(self.settings.bootstrap, self.codec).replay(partitions)
         stores: dict[int, dict[str, CheckpointStoreRecord]] = {p: {} for p in partitions}
-        for record in read(CHECKPOINT_STORE.name()):
+        store_records = replay_topic(
+            self.settings.bootstrap,
+            self.codec,
+            CHECKPOINT_STORE,
+            partitions,
+            self._report_malformed,
+        )
+        for record in store_records:
             event = record.event
             if record.key is None:
                 continue

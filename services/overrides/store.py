@@ -20,14 +20,11 @@ from collections.abc import Iterable
 from services.common.avro import EventCodec
 from services.common.events import CheckpointOverrides
 from services.common.kafka import (
-    ConsumerProfile,
     Delivered,
     EventPublisher,
-    EventSubscriber,
     Received,
-    make_consumer,
     make_producer,
-    read_to_end,
+    replay_topic,
 )
 from services.common.topics import CHECKPOINT_OVERRIDES, TopicSpec
 
@@ -102,13 +99,9 @@ class OverrideStore:
         self, partitions: Iterable[int] | None = None, timeout_s: float = 60.0
     ) -> dict[str, CheckpointOverrides]:
         """Every job's effective overrides in the given partitions (all by default)."""
-        subscriber = EventSubscriber(
-            make_consumer(self.bootstrap, profile=ConsumerProfile.REPLAY), self.codec
+        records = replay_topic(
+            self.bootstrap, self.codec, self.topic, partitions, timeout_s=timeout_s
         )
-        try:
-            records = read_to_end(subscriber, self.topic, partitions, timeout_s)
-        finally:
-            subscriber.close()
         overrides = fold(records)
         log.info(
             "replayed %d override records of %d jobs from %s",
