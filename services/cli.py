@@ -126,6 +126,46 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    from services.agent.main import AgentFailed, run
+    from services.agent.runtime import AgentOptions
+    from services.common.events import JobStatus
+
+    spark_settings = {}
+    for setting in args.conf or []:
+        key, sep, value = setting.partition("=")
+        if not sep or not key.startswith("spark."):
+            raise OperationFailed(f"--conf {setting!r}: expected spark.KEY=VALUE")
+        spark_settings[key] = value
+    options = AgentOptions(
+        reachable(args.bootstrap),
+        parallelism=args.parallelism,
+        restore=args.restore,
+        allow_non_restored_state=args.allow_non_restored_state,
+        master=args.master,
+        spark_settings=spark_settings,
+        checkpoint_dir=args.checkpoint_dir,
+    )
+    try:
+        status = run(args.job, options, say)
+    except AgentFailed as exc:
+        raise OperationFailed(str(exc)) from None
+    return EXIT_OK if status in (JobStatus.FINISHED, JobStatus.CANCELED) else EXIT_FAILED
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from services.agent.example import generate
+
+    bootstrap = reachable(args.bootstrap)
+    target = f"{args.count} payments" if args.count else "payments until Ctrl-C"
+    say(f"generating {target} on {args.topic}" + (f" at {args.rate}/s" if args.rate else ""))
+    written = generate(
+        bootstrap, args.topic, args.count, args.rate, args.start_id, args.seed, args.verbose
+    )
+    say(f"{written} payments written to {args.topic}")
+    return EXIT_OK
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     from services.client import call, rest_url
 
@@ -282,6 +322,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="the URL other instances redirect to (default: from --rest-host)",
     )
     coordinator.set_defaults(run=cmd_coordinator)
+
+    agent = commands.add_parser(
+        "agent", help="run the agent of a job (module:attribute, a .py file, or `example`)"
+    )
+    add_bootstrap(agent)
+    agent.add_argument("job", metavar="JOB")
+    agent.add_argument("--parallelism", type=positive_int, help="default: the job's")
+    agent.add_argument(
+        "--restore", metavar="PATH|latest", help="a checkpoint or savepoint directory, or latest"
+    )
+    agent.add_argument(
+        "--allow-non-restored-state",
+        action="store_true",
+        help="drop snapshot state the job cannot map (source topics it no longer reads)",
+    )
+    agent.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    agent.add_argument(
+        "--conf", action="append", metavar="spark.KEY=VALUE", help="a Spark setting (repeatable)"
+    )
+    agent.add_argument(
+        "--checkpoint-dir",
+        help="execution.checkpointing.dir (default: the job's, else ./.sparkpoint/checkpoints)",
+    )
+    agent.set_defaults(run=cmd_agent)
+
+    generate = commands.add_parser("generate", help="write the example job's input events")
+    add_bootstrap(generate)
+    generate.add_argument(
+        "--rate", type=positive_int, help="events per second (default: as fast as possible)"
+    )
+    generate.add_argument("--count", type=positive_int, help="how many (default: until Ctrl-C)")
+    generate.add_argument("--topic", default="payments")
+    generate.add_argument("--start-id", type=non_negative_int, default=0)
+    generate.add_argument("--seed", type=int, default=7)
+    generate.set_defaults(run=cmd_generate)
 
     def rest_command(name: str, help_text: str) -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=help_text)

@@ -22,6 +22,7 @@ from services.common.events import (
     NotifyCheckpointComplete,
     RetainedCheckpoint,
     SavepointFormat,
+    SinkEpochPublished,
     SnapshotType,
     StateHandle,
     StateHandleKind,
@@ -202,6 +203,14 @@ def coordinator_announcement() -> CoordinatorAnnouncement:
     )
 
 
+def sink_epoch_published() -> SinkEpochPublished:
+    return SinkEpochPublished(JOB, "payment-totals", 7, 1_250, "agent-a", T0 + 5_000)
+
+
+def end_of_input() -> JobStatusChanged:
+    return JobStatusChanged(JOB, "agent-a", 0, JobStatus.RUNNING, T0 + 8_000, end_of_input=True)
+
+
 def one_of_each() -> list[Event]:
     """One event of every type, with optional fields both set and unset across the list."""
     return [
@@ -219,4 +228,6 @@ def one_of_each() -> list[Event]:
         checkpoint_failed_event(),
         checkpoint_store_record(),
         coordinator_announcement(),
+        sink_epoch_published(),
+        end_of_input(),
     ]

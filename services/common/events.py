@@ -180,6 +180,7 @@ class JobStatusChanged:
     timestamp: int
     processing_backlog: bool | None = None
     message: str | None = None
+    end_of_input: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +315,17 @@ class CheckpointStoreRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class SinkEpochPublished:
+    SCHEMA: ClassVar[str] = f"{NAMESPACE}.SinkEpochPublished"
+    job_id: str
+    sink: str
+    epoch: int
+    records: int
+    agent_id: str
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
 class CoordinatorAnnouncement:
     SCHEMA: ClassVar[str] = f"{NAMESPACE}.CoordinatorAnnouncement"
     instance_id: str
@@ -337,6 +349,7 @@ Event = (
     | CheckpointLifecycleEvent
     | CheckpointStoreRecord
     | CoordinatorAnnouncement
+    | SinkEpochPublished
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -353,4 +366,5 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     CheckpointLifecycleEvent,
     CheckpointStoreRecord,
     CoordinatorAnnouncement,
+    SinkEpochPublished,
 )

@@ -473,3 +473,29 @@ def replay_topic(
         return read_to_end(subscriber, topic, partitions, timeout_s)
     finally:
         subscriber.close()
+
+
+def true_end_offset(consumer: Consumer, topic: str, partition: int, timeout_s: float = 10.0) -> int:
+    """The offset after the last record of a partition. The high watermark, checked by reading
+    the batch that holds offset ``high - 1``: a broker that reports the base offset of the last
+    batch + 1 (the embedded one does) is corrected by the batch's last record; on Apache Kafka
+    this reads one record. Assigns ``consumer`` to the partition; the caller owns it."""
+    low, high = consumer.get_watermark_offsets(
+        TopicPartition(topic, partition), timeout=timeout_s, cached=False
+    )
+    if high <= low:
+        return int(high)
+    consumer.assign([TopicPartition(topic, partition, high - 1)])
+    end = high
+    deadline = time.monotonic() + timeout_s
+    idle = 0
+    while time.monotonic() < deadline and idle < 3:
+        messages = consumer.consume(10_000, 0.1)
+        if not messages:
+            idle += 1
+            continue
+        idle = 0
+        for message in messages:
+            if message.error() is None:
+                end = max(end, int(message.offset() or 0) + 1)
+    return int(end)

@@ -71,6 +71,9 @@ CHECKPOINT_STORE = TopicSpec(
 COORDINATORS = TopicSpec(
     "coordinators", Cleanup.COMPACT, "coordinator instances: REST address and owned partitions"
 )
+SINK_MARKERS = TopicSpec(
+    "sink-markers", Cleanup.COMPACT, "exactly-once Kafka sinks: the newest epoch each published"
+)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     JOBS,
@@ -81,6 +84,7 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     CHECKPOINT_EVENTS,
     CHECKPOINT_STORE,
     COORDINATORS,
+    SINK_MARKERS,
 )
 
 

@@ -589,6 +589,9 @@ class CoordinatorService:
             job = self.jobs.get(event.job_id)
             if event.status.is_terminal:
                 self._end_job(event.job_id, event.status)
+            elif job is not None and event.end_of_input:
+                # FLIP-147: bounded input ended; the final checkpoint goes now, not at the next tick
+                self._execute(job, job.core.trigger_checkpoint(self.clock.now_ms()))
             elif job is not None and event.processing_backlog is not None:
                 self._execute(
                     job, job.core.set_backlog(event.processing_backlog, self.clock.now_ms())

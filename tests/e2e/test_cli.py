@@ -55,8 +55,8 @@ def test_topics_create_is_idempotent(kafka: KafkaUnderTest) -> None:
     second = sparkpoint("topics", "create", "--bootstrap", kafka.bootstrap, prefix=prefix)
 
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
-    assert first.stdout.count(" created") == 8
-    assert second.stdout.count(" exists") == 8
+    assert first.stdout.count(" created") == 9
+    assert second.stdout.count(" exists") == 9
     assert f"{prefix}checkpoint-overrides" in second.stdout
     assert "partitions=2" in second.stdout
 

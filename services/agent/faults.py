@@ -1,0 +1,34 @@
+"""Scripted failure injection for the agent (tests only): ``SPARKPOINT_CRASH_AT=point[:n]`` kills
+the agent process with SIGKILL the n-th time (default: first) it passes the named point. Points:
+
+- ``mid-batch``: stage 1 of a round fetched records, before stage 2 processed them;
+- ``after-ack``: a checkpoint was acknowledged, before its completion was processed;
+- ``after-complete``: a checkpoint's completion arrived, before the sinks committed its epoch;
+- ``mid-publish``: the Kafka sink's transaction holds half of an epoch's records, not committed.
+
+Nothing happens when the variable is unset.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+POINTS = ("mid-batch", "after-ack", "after-complete", "mid-publish")
+
+_passes: dict[str, int] = {}
+
+
+def crash_point(point: str) -> None:
+    wanted = os.environ.get("SPARKPOINT_CRASH_AT")
+    if not wanted:
+        return
+    name, _, count = wanted.partition(":")
+    if name != point:
+        return
+    _passes[point] = _passes.get(point, 0) + 1
+    if _passes[point] >= int(count or 1):
+        sys.stderr.write(f"sparkpoint agent: crash point {point} reached, SIGKILL\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)

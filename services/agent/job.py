@@ -1,0 +1,289 @@
+"""The job API: a job is declared in Python and handed to ``sparkpoint agent``.
+
+A job is ``source -> stage 1 -> keyed stage 2 -> sink`` (DESIGN.md section 4)::
+
+    job = Job(
+        name="payments",
+        source=KafkaSource(["payments"]),
+        map=lambda frame: frame[frame["amount"] > 0],   # stage 1: vectorized map/filter
+        key="account",                                   # key extraction: a column
+        function=RunningTotals(),                        # stage 2: keyed, stateful, vectorized
+        sink=KafkaSink("payment-totals"),
+        parallelism=2,
+        settings={"execution.checkpointing.interval": "5s"},
+    )
+
+Stage 1 runs on every fetched batch as a pandas DataFrame. Stage 2 calls the keyed function once
+per key group with that key group's records (in source order) and a `KeyedState` holding the
+key group's state, typed by the function's `state` declarations (value, list and map state).
+Everything is columnar: a function never sees one record at a time.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import importlib.util
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pandas as pd
+
+from services.agent.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
+
+JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+# --- state declarations ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ValueState:
+    """One value per key. In a function: a Series indexed by key."""
+
+    dtype: str = "object"
+
+
+@dataclass(frozen=True)
+class ListState:
+    """An ordered list of values per key. In a function: a Series indexed by key (repeated),
+    in list order."""
+
+    dtype: str = "object"
+
+
+@dataclass(frozen=True)
+class MapState:
+    """A map per key. In a function: a Series indexed by (key, user key)."""
+
+    key_dtype: str = "object"
+    dtype: str = "object"
+
+
+StateDescriptor = ValueState | ListState | MapState
+
+
+class KeyedState:
+    """The state of one key group while a keyed function runs: each declared state as a pandas
+    Series, read and replaced a whole column at a time."""
+
+    def __init__(self, declared: Mapping[str, StateDescriptor], frames: Mapping[str, pd.Series]):
+        self.declared = dict(declared)
+        self._series: dict[str, pd.Series] = {}
+        for name, descriptor in self.declared.items():
+            self._series[name] = frames.get(name, empty_series(descriptor))
+        self.changed: set[str] = set()
+
+    def _check(self, name: str, kind: type) -> StateDescriptor:
+        descriptor = self.declared.get(name)
+        if descriptor is None:
+            raise KeyError(f"state {name!r} is not declared (declared: {sorted(self.declared)})")
+        if not isinstance(descriptor, kind):
+            raise TypeError(
+                f"state {name!r} is a {type(descriptor).__name__}, not a {kind.__name__}"
+            )
+        return descriptor
+
+    # value state
+    def value(self, name: str) -> pd.Series:
+        self._check(name, ValueState)
+        return self._series[name]
+
+    def update_value(self, name: str, values: pd.Series) -> None:
+        """Sets the value of every key in ``values``' index."""
+        descriptor = self._check(name, ValueState)
+        current = self._series[name]
+        kept = current[~current.index.isin(values.index)]
+        self._set(name, pd.concat([kept, values.astype(descriptor.dtype)]))
+
+    def clear_value(self, name: str, keys: pd.Index | list[Any]) -> None:
+        self._check(name, ValueState)
+        current = self._series[name]
+        self._set(name, current[~current.index.isin(keys)])
+
+    # list state
+    def list(self, name: str) -> pd.Series:
+        self._check(name, ListState)
+        return self._series[name]
+
+    def add_to_list(self, name: str, values: pd.Series) -> None:
+        """Appends ``values`` (indexed by key, in order) to the lists of their keys."""
+        descriptor = self._check(name, ListState)
+        self._set(name, pd.concat([self._series[name], values.astype(descriptor.dtype)]))
+
+    def set_list(self, name: str, values: pd.Series) -> None:
+        """Replaces the lists of the keys in ``values``' index."""
+        descriptor = self._check(name, ListState)
+        current = self._series[name]
+        kept = current[~current.index.isin(values.index)]
+        self._set(name, pd.concat([kept, values.astype(descriptor.dtype)]))
+
+    # map state
+    def map(self, name: str) -> pd.Series:
+        self._check(name, MapState)
+        return self._series[name]
+
+    def put_in_map(self, name: str, values: pd.Series) -> None:
+        """Puts entries indexed by (key, user key); existing entries with those indexes go."""
+        descriptor = self._check(name, MapState)
+        current = self._series[name]
+        kept = current[~current.index.isin(values.index)]
+        self._set(name, pd.concat([kept, values.astype(descriptor.dtype)]))
+
+    def remove_from_map(self, name: str, index: pd.MultiIndex) -> None:
+        self._check(name, MapState)
+        current = self._series[name]
+        self._set(name, current[~current.index.isin(index)])
+
+    def _set(self, name: str, series: pd.Series) -> None:
+        series.name = name
+        self._series[name] = series
+        self.changed.add(name)
+
+    def frames(self) -> dict[str, pd.Series]:
+        return dict(self._series)
+
+
+def empty_series(descriptor: StateDescriptor) -> pd.Series:
+    if isinstance(descriptor, MapState):
+        index = pd.MultiIndex.from_arrays(
+            [pd.Index([], dtype=object), pd.Index([], dtype=descriptor.key_dtype)],
+            names=["key", "user_key"],
+        )
+        return pd.Series([], index=index, dtype=descriptor.dtype)
+    return pd.Series([], index=pd.Index([], dtype=object, name="key"), dtype=descriptor.dtype)
+
+
+class KeyedFunction:
+    """Stage 2: subclass, declare ``state``, implement ``process``.
+
+    ``process`` gets one key group's records (a DataFrame in source order, with the key column)
+    and its `KeyedState`; it returns the records to emit (a DataFrame, possibly empty) and
+    updates the state in place. ``on_end_of_input`` runs once per key group with state when a
+    bounded source has been read to its end (Flink's final watermark), before the final
+    checkpoint."""
+
+    state: ClassVar[Mapping[str, StateDescriptor]] = {}
+
+    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        raise NotImplementedError
+
+    def on_end_of_input(self, state: KeyedState) -> pd.DataFrame:
+        return pd.DataFrame()
+
+
+# --- sources and sinks -------------------------------------------------------------------------
+
+
+class DeliveryGuarantee(enum.Enum):
+    """Flink's DeliveryGuarantee for sinks."""
+
+    EXACTLY_ONCE = "EXACTLY_ONCE"
+    AT_LEAST_ONCE = "AT_LEAST_ONCE"
+
+
+@dataclass(frozen=True)
+class KafkaSource:
+    """Kafka topics, read with confluent-kafka inside Spark tasks. Values are JSON objects (one
+    per record). Partitions are assigned by the agent; offsets live in checkpoints, never in
+    consumer-group commits. ``bounded``: read each partition up to the end offset it has when the
+    job starts, then end the job (final checkpoint, then FINISHED)."""
+
+    topics: list[str]
+    bounded: bool = False
+    max_records_per_partition: int = 50_000
+    """At most this many records per partition and round (before backpressure shrinks it)."""
+
+
+@dataclass(frozen=True)
+class KafkaSink:
+    """Records as JSON values keyed by the key column. EXACTLY_ONCE: each epoch's output is
+    published in one transaction with an "epoch published" marker once its checkpoint completes."""
+
+    topic: str
+    delivery_guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
+    key_column: str | None = None
+
+
+@dataclass(frozen=True)
+class FileSink:
+    """Parquet part files under ``directory`` (any fsspec URL). EXACTLY_ONCE: part files are
+    written hidden (``.part-...inprogress``) and renamed into place when their checkpoint
+    completes, as Flink's FileSink commits."""
+
+    directory: str
+    delivery_guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
+
+
+Source = KafkaSource
+Sink = KafkaSink | FileSink
+MapFunction = Callable[[pd.DataFrame], pd.DataFrame]
+
+
+def identity(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    source: Source
+    key: str
+    function: KeyedFunction
+    sink: Sink
+    map: MapFunction = identity
+    parallelism: int = 2
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM
+    settings: Mapping[str, str] = field(default_factory=dict)
+    """Checkpoint settings with Flink's option names (``execution.checkpointing.*``)."""
+    job_id: str | None = None
+    """Defaults to the name: restarts and ``--restore latest`` find the job by it."""
+
+    def __post_init__(self) -> None:
+        check_max_parallelism(self.max_parallelism)
+        if not 0 < self.parallelism <= self.max_parallelism:
+            raise ValueError(
+                f"parallelism must be within 1..{self.max_parallelism}, got {self.parallelism}"
+            )
+        if not JOB_ID_PATTERN.match(self.id):
+            raise ValueError(
+                f"job id {self.id!r} must be letters, digits, '.', '_' or '-' (at most 128)"
+            )
+
+    @property
+    def id(self) -> str:
+        return self.job_id or self.name
+
+
+def load_job(spec: str) -> Job:
+    """A job from ``module:attribute``, a file path (``path.py`` or ``path.py:attribute``), or the
+    reserved name ``example``. The attribute may be a `Job` or a function returning one."""
+    if spec == "example":
+        from services.agent.example import example_job
+
+        return example_job()
+    target, _, attribute = spec.partition(":")
+    if target.endswith(".py") or Path(target).is_file():
+        path = Path(target)
+        if not path.is_file():
+            raise ValueError(f"job file {target} does not exist")
+        module_name = f"sparkpoint_job_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(module_name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ValueError(f"cannot load {target}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    value = getattr(module, attribute or "job", None)
+    if value is None:
+        raise ValueError(f"{spec}: no attribute {attribute or 'job'!r}")
+    job = value() if callable(value) and not isinstance(value, Job) else value
+    if not isinstance(job, Job):
+        raise ValueError(f"{spec} is not a sparkpoint Job (got {type(job).__name__})")
+    return job

@@ -1,0 +1,48 @@
+"""``sparkpoint agent JOB``: load the job, start Spark, run the agent until the job ends."""
+
+from __future__ import annotations
+
+import logging
+
+from services.agent.job import load_job
+from services.agent.restore import NoCheckpoint
+from services.agent.runtime import Agent, AgentOptions, install_signal_handlers
+from services.common.avro import EventCodec
+from services.common.events import JobStatus
+
+log = logging.getLogger(__name__)
+
+
+class AgentFailed(RuntimeError):
+    """The job could not start or failed; the message says why."""
+
+
+def run(spec: str, options: AgentOptions, say: object = print) -> JobStatus:
+    try:
+        job = load_job(spec)
+    except (ImportError, ValueError, AttributeError) as exc:
+        raise AgentFailed(f"cannot load job {spec!r}: {exc}") from None
+    _pickle_by_value(job)
+    agent = Agent(job, options, EventCodec())
+    install_signal_handlers(agent)
+    say(  # type: ignore[operator]
+        f"agent {agent.agent_id}: job {job.id} ({job.name}), parallelism {agent.parallelism}, "
+        f"max parallelism {agent.max_parallelism}, checkpoints under {agent.checkpoint_dir}"
+    )
+    try:
+        status = agent.run()
+    except NoCheckpoint as exc:
+        raise AgentFailed(str(exc)) from None
+    say(f"job {job.id}: {status.name}")  # type: ignore[operator]
+    return status
+
+
+def _pickle_by_value(job: object) -> None:
+    """A job defined in a file (not an importable module) travels to executors by value."""
+    module_name = type(job.function).__module__  # type: ignore[attr-defined]
+    if module_name.startswith("sparkpoint_job_"):
+        import sys
+
+        from pyspark import cloudpickle
+
+        cloudpickle.register_pickle_by_value(sys.modules[module_name])  # type: ignore[no-untyped-call]

@@ -1,0 +1,758 @@
+"""The agent: one process per job, the job's Spark driver, and its voice in the checkpoint
+protocol (DESIGN.md sections 2 and 4.1).
+
+One round of the loop:
+
+1. read the control topic without blocking: triggers place a barrier at the tail of every
+   channel and snapshot the source positions; completions publish sink epochs; aborts fold an
+   epoch into the next; a failover request restarts the job from its latest checkpoint;
+2. plan a fetch: every source partition with records beyond its position, at most
+   ``max_records_per_partition`` each, nothing while a channel is full (backpressure);
+   stage 1 runs as one Spark job (one task per partition) and appends segments to the channels;
+3. stage 2 runs as one Spark job (one task per subtask with queued records), never past a
+   barrier: new state versions and the round's output (staged for the current epoch);
+4. a checkpoint whose barrier every channel has reached is snapshotted: the key groups' state
+   files are copied (only changed ones when incremental) by a thread pool, and each subtask
+   acknowledges as soon as its part is durable.
+
+Subtasks: ``source-<i>`` (the positions of the partitions it owns) and ``keyed-<i>`` (its key
+groups and its part of the staged sink output), i < parallelism.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import TopicPartition
+from fsspec.core import url_to_fs
+
+from services.agent.channels import DEFAULT_CAPACITY_BYTES, DEFAULT_MEMORY_BUDGET_BYTES, Channel
+from services.agent.faults import crash_point
+from services.agent.job import FileSink, Job, KafkaSink
+from services.agent.keygroups import key_group_range
+from services.agent.restore import NoCheckpoint, Restored, latest_checkpoint, load
+from services.agent.sinks import SinkWriter
+from services.agent.sinks.files import FileSinkWriter
+from services.agent.sinks.kafka import KafkaSinkWriter
+from services.agent.sources.kafka import KafkaSourceReader
+from services.agent.stages import (
+    FetchResult,
+    FetchTask,
+    ProcessResult,
+    ProcessTask,
+    fetch_and_partition,
+    output_file,
+    process_subtask,
+)
+from services.agent.state import StateBackend, Upload, Version, copy_file, job_dirs, write_file
+from services.common.avro import EventCodec
+from services.common.events import (
+    AcknowledgeCheckpoint,
+    CheckpointFailureReason,
+    DeclineCheckpoint,
+    FailoverRequest,
+    JobRegistered,
+    JobStatus,
+    JobStatusChanged,
+    NotifyCheckpointAborted,
+    NotifyCheckpointComplete,
+    SnapshotType,
+    StateHandle,
+    StateHandleKind,
+    Subtask,
+    TriggerCheckpoint,
+)
+from services.common.kafka import (
+    EventPublisher,
+    EventSubscriber,
+    end_offsets,
+    make_consumer,
+    make_producer,
+    partition_of,
+)
+from services.common.settings import CheckpointConfig
+from services.common.topics import ACKS, CONTROL, JOBS
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.05
+"""How long the loop waits on the control topic when there is nothing to fetch or process."""
+
+MAX_ROWS_PER_ROUND = 250_000
+"""Rows a stage-2 task takes from its channel per round: bounds a round's latency and memory."""
+
+COPY_THREADS = 4
+"""Threads copying state files for snapshots (the asynchronous phase): I/O bound."""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class AgentOptions:
+    bootstrap: str
+    parallelism: int | None = None
+    restore: str | None = None
+    """A checkpoint or savepoint directory, or ``latest``."""
+    allow_non_restored_state: bool = False
+    master: str = "local[*]"
+    spark_settings: dict[str, str] = field(default_factory=dict)
+    checkpoint_dir: str | None = None
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
+    capacity_bytes: int = DEFAULT_CAPACITY_BYTES
+    max_rows_per_round: int = MAX_ROWS_PER_ROUND
+
+
+@dataclass
+class PendingSnapshot:
+    trigger: TriggerCheckpoint
+    received: float
+    final: bool
+    """Taken after the end of a bounded input: its completion finishes the job."""
+    acked: set[str] = field(default_factory=set)
+    copies: list[tuple[int, Future[None], list[tuple[Upload, str | None]], float]] = field(
+        default_factory=list
+    )
+    snapshotted: bool = False
+    aligned_ms: int = 0
+
+
+class Restart(Exception):
+    """A failover request: restart the job from its latest completed checkpoint."""
+
+    def __init__(self, path: str | None) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+def _absolute(url: str) -> str:
+    return url if "://" in url else str(Path(url).expanduser().resolve())
+
+
+class Agent:
+    def __init__(self, job: Job, options: AgentOptions, codec: EventCodec, spark: Any = None):
+        self.job = job
+        self.options = options
+        self.codec = codec
+        self.parallelism = options.parallelism or job.parallelism
+        self.max_parallelism = job.max_parallelism
+        self.job_id = job.id
+        settings = dict(job.settings)
+        settings.setdefault("execution.checkpointing.incremental", "true")
+        if options.checkpoint_dir:
+            settings["execution.checkpointing.dir"] = options.checkpoint_dir
+        settings.setdefault("execution.checkpointing.dir", CheckpointConfig().checkpoint_dir)
+        settings["execution.checkpointing.dir"] = _absolute(settings["execution.checkpointing.dir"])
+        self.config = CheckpointConfig.from_options(settings, CheckpointConfig())
+        self.settings = settings
+        self.checkpoint_dir = self.config.checkpoint_dir
+        self.shared_dir, self.taskowned_dir = job_dirs(self.checkpoint_dir, self.job_id)
+        self.state_dir = f"{self.taskowned_dir}/state"
+        self.sink_dir = f"{self.taskowned_dir}/sink"
+        self.agent_id = f"agent-{uuid.uuid4().hex[:8]}"
+        self.attempt = 0
+        self.spark = spark
+        self.stopping = threading.Event()
+        self.status: JobStatus = JobStatus.CREATED
+        self.publisher = EventPublisher(make_producer(options.bootstrap), codec)
+        self.copier = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="snapshot-copy")
+        self.work_dir = Path(tempfile.mkdtemp(prefix=f"sparkpoint-{self.job_id}-"))
+        self.sink: SinkWriter = self._sink_writer()
+        self.subtasks = [f"source-{i}" for i in range(self.parallelism)] + [
+            f"keyed-{i}" for i in range(self.parallelism)
+        ]
+        self.ranges = [
+            key_group_range(self.max_parallelism, self.parallelism, i)
+            for i in range(self.parallelism)
+        ]
+        self.rounds = 0
+        self.records_in = 0
+        self.records_out = 0
+        self.completed_checkpoints: list[int] = []
+        self.on_round: Callable[[Agent], None] | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def _sink_writer(self) -> SinkWriter:
+        sink = self.job.sink
+        if isinstance(sink, KafkaSink):
+            return KafkaSinkWriter(
+                sink, self.options.bootstrap, self.codec, self.job_id, self.agent_id, self.job.key
+            )
+        if isinstance(sink, FileSink):
+            return FileSinkWriter(sink, self.job_id)
+        raise TypeError(f"unknown sink {sink!r}")
+
+    def _spark(self) -> Any:
+        if self.spark is None:
+            from services.agent.spark import spark_session
+
+            self.spark = spark_session(
+                f"sparkpoint {self.job_id}", self.options.master, self.options.spark_settings
+            )
+        return self.spark
+
+    def run(self) -> JobStatus:
+        """Runs the job until it finishes, is stopped, or fails; returns its final status."""
+        restore = self.options.restore
+        try:
+            while True:
+                try:
+                    self._start(restore)
+                    self._loop()
+                    break
+                except Restart as restart:
+                    self.attempt += 1
+                    restore = restart.path or "latest"
+                    log.warning(
+                        "job %s: restarting (attempt %d) from %s",
+                        self.job_id,
+                        self.attempt,
+                        restore,
+                    )
+                    self._reset()
+        except Exception as exc:
+            log.exception("job %s failed", self.job_id)
+            self._announce(JobStatus.FAILED, f"{type(exc).__name__}: {exc}")
+            self.status = JobStatus.FAILED
+            raise
+        finally:
+            self._close()
+        return self.status
+
+    def stop(self) -> None:
+        """Cancel (Ctrl-C, SIGTERM): the job ends CANCELED at the end of the current round."""
+        self.stopping.set()
+
+    def _close(self) -> None:
+        self.copier.shutdown(wait=True)
+        self.sink.close()
+        self.publisher.close(10)
+        for closable in ("control", "source"):
+            resource = getattr(self, closable, None)
+            if resource is not None:
+                try:
+                    resource.close()
+                except Exception as exc:  # closing after a failure: report, go on closing
+                    log.warning("closing %s: %s", closable, exc)
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def _reset(self) -> None:
+        for resource in ("control", "source"):
+            getattr(self, resource).close()
+        for channel in self.channels:
+            channel.clear()
+
+    def _start(self, restore: str | None) -> None:
+        started = time.monotonic()
+        restored: Restored | None = None
+        if restore is not None:
+            path = (
+                latest_checkpoint(self.checkpoint_dir, self.job_id)
+                if restore == "latest"
+                else restore
+            )
+            log.info("job %s: restoring from %s", self.job_id, path)
+            restored = load(path, self.job_id, self.checkpoint_dir)
+        self.channels = [
+            Channel(i, self.work_dir / f"channel-{i}", self.options.memory_budget_bytes, self.options.capacity_bytes)
+            for i in range(self.parallelism)
+        ]  # fmt: skip
+        self.backend = StateBackend(self.state_dir)
+        self.source = KafkaSourceReader(self.job.source, self.options.bootstrap, self.parallelism)
+        if restored is not None:
+            unknown = {t for t, _ in restored.positions} - set(self.job.source.topics)
+            if unknown and not self.options.allow_non_restored_state:
+                raise ValueError(
+                    f"the snapshot has positions of topics {sorted(unknown)} that the job does not read; "
+                    "pass --allow-non-restored-state to drop them"
+                )
+            self.backend.restore(restored.key_groups, restored.shared)
+            self._publish_restored_epochs(restored)
+        self._clean_task_owned(keep_state=False)
+        self.source.start(restored.positions if restored else None)
+        self.pending: dict[int, PendingSnapshot] = {}
+        self.orphans: list[tuple[Future[None], list[tuple[Upload, str | None]]]] = []
+        self.sealed: dict[int, list[str]] = {}
+        self.unsealed: list[str] = []
+        self.end_of_input = False
+        self.highest_trigger = restored.checkpoint_id if restored else 0
+        self.owner_epoch = 0
+        self._open_control()
+        self._register(restored)
+        self.status = JobStatus.RUNNING
+        log.info(
+            "job %s running: parallelism %d, %d key groups restored, started in %.1f s",
+            self.job_id, self.parallelism, len(restored.key_groups) if restored else 0,
+            time.monotonic() - started,
+        )  # fmt: skip
+
+    def _publish_restored_epochs(self, restored: Restored) -> None:
+        """Epochs <= the restored checkpoint completed; publish those the sink has not."""
+        if not restored.epochs or not self.sink.exactly_once:
+            return
+        published = self.sink.published_epoch()
+        for epoch in sorted(restored.epochs):
+            if epoch > published:
+                count = self.sink.publish_epoch(epoch, restored.epochs[epoch])
+                log.info(
+                    "job %s: epoch %d published again after restore (%d records)",
+                    self.job_id,
+                    epoch,
+                    count,
+                )
+
+    def _clean_task_owned(self, keep_state: bool) -> None:
+        """Working state and staged output of earlier runs: nothing restored points at them."""
+        for directory in ([] if keep_state else [self.state_dir]) + [self.sink_dir]:
+            fs, root = url_to_fs(directory)
+            if fs.exists(root):
+                fs.rm(root, recursive=True)
+
+    def _open_control(self) -> None:
+        consumer = make_consumer(self.options.bootstrap)
+        topic = CONTROL.name()
+        partitions = len(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        self.partition = partition_of(self.job_id, partitions)
+        _, high = end_offsets(consumer, topic)[self.partition]
+        self.control = EventSubscriber(consumer, self.codec)
+        self.control.assign([TopicPartition(topic, self.partition, high)])
+
+    def _register(self, restored: Restored | None) -> None:
+        registration = JobRegistered(
+            self.job_id, self.job.name, self.agent_id, self.attempt, JobStatus.RUNNING,
+            self.parallelism, self.max_parallelism,
+            [Subtask(f"source-{i}", i, r.start, r.end) for i, r in enumerate(self.ranges)]
+            + [Subtask(f"keyed-{i}", i, r.start, r.end) for i, r in enumerate(self.ranges)],
+            dict(self.settings), now_ms(),
+            restored.checkpoint_id if restored else None,
+            restored.external_path if restored else None,
+        )  # fmt: skip
+        self.registration = registration
+        self.publisher.publish_sync(JOBS, self.job_id, registration)
+
+    def _announce(
+        self, status: JobStatus, message: str | None = None, end_of_input: bool = False
+    ) -> None:
+        event = JobStatusChanged(
+            self.job_id, self.agent_id, self.attempt, status, now_ms(), message=message,
+            end_of_input=end_of_input,
+        )  # fmt: skip
+        try:
+            self.publisher.publish_sync(JOBS, self.job_id, event)
+            if end_of_input:  # keep the registration as the job's latest record (compaction)
+                self.publisher.publish_sync(JOBS, self.job_id, self.registration)
+        except Exception as exc:
+            log.error("job %s: could not publish status %s: %s", self.job_id, status.name, exc)
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            if self.stopping.is_set():
+                self._announce(JobStatus.CANCELED)
+                self.status = JobStatus.CANCELED
+                return
+            busy = False
+            if self._read_control(0):
+                return
+            busy |= self._fetch()
+            busy |= self._process()
+            self._snapshot_aligned()
+            self._send_acks()
+            self.backend.collect_garbage()
+            if self.source.finished() and not self.end_of_input and self._drained():
+                self._finish_input()
+                busy = True
+            if self.on_round is not None:
+                self.on_round(self)
+            if not busy and self._read_control(IDLE_WAIT_S):
+                return
+
+    def _read_control(self, timeout_s: float) -> bool:
+        """Handles the control events that arrived; true when the job ended."""
+        for record in self.control.poll(timeout_s, 100):
+            if (
+                record.key == self.job_id
+                and record.event is not None
+                and self._on_control(record.event)
+            ):
+                return True
+        return False
+
+    def _drained(self) -> bool:
+        return all(not c.segments for c in self.channels)
+
+    # --- stage 1 ---------------------------------------------------------------------------------
+
+    def _fetch(self) -> bool:
+        if any(c.full for c in self.channels):
+            return False  # backpressure: stage 2 drains first
+        partitions = self.source.readable()
+        if not partitions:
+            return False
+        budget = min(c.free_bytes() for c in self.channels)
+        limit = self.job.source.max_records_per_partition
+        tasks = [
+            FetchTask(
+                self.options.bootstrap, topic, partition, self.source.positions[(topic, partition)],
+                self.source.ends.get((topic, partition)), limit, self.job.key,
+                self.max_parallelism, self.parallelism,
+            )
+            for topic, partition in partitions
+        ]  # fmt: skip
+        map_function = self.job.map
+        sc = self._spark().sparkContext
+        sc.setJobDescription(f"{self.job_id} stage 1: {len(tasks)} partitions")
+        results: list[FetchResult] = (
+            sc.parallelize(tasks, len(tasks))
+            .map(lambda t: fetch_and_partition(t, map_function))
+            .collect()
+        )
+        fetched = 0
+        for result in results:
+            for offset, reason in result.malformed:
+                log.warning(
+                    "malformed record skipped: %s[%d]@%d: %s",
+                    result.topic,
+                    result.partition,
+                    offset,
+                    reason,
+                )
+            for subtask, data, rows in result.segments:
+                self.channels[subtask].append(data, rows)
+            self.source.positions[(result.topic, result.partition)] = result.next_offset
+            fetched += result.records
+        self.records_in += fetched
+        if budget < sum(len(d) for r in results for _, d, _ in r.segments):
+            log.debug("job %s: a channel is over budget; fetching pauses", self.job_id)
+        if fetched:
+            crash_point("mid-batch")
+        return fetched > 0
+
+    # --- stage 2 ---------------------------------------------------------------------------------
+
+    def _process(self, end_of_input: bool = False) -> bool:
+        taken = {i: c.take(self.options.max_rows_per_round) for i, c in enumerate(self.channels)}
+        work = [i for i, segments in taken.items() if segments]
+        if end_of_input:
+            work = list(range(self.parallelism))
+        if not work:
+            return False
+        self.rounds += 1
+        version = self.backend.next_version
+        tasks = []
+        for i in work:
+            versions = {g: v.path for g, v in self.backend.versions.items() if g in self.ranges[i]}
+            tasks.append(
+                ProcessTask(
+                    i, [s.payload() for s in taken[i]], versions, self.state_dir, version,
+                    output_file(self.sink_dir, self.rounds, i), end_of_input,
+                )
+            )  # fmt: skip
+        function = self.job.function
+        sc = self._spark().sparkContext
+        sc.setJobDescription(f"{self.job_id} stage 2: {len(tasks)} subtasks")
+        results: list[ProcessResult] = (
+            sc.parallelize(tasks, len(tasks)).map(lambda t: process_subtask(t, function)).collect()
+        )
+        outputs = []
+        for result in results:
+            for group, (path, size) in result.new_versions.items():
+                self.backend.install(group, Version(path, size, version))
+            self.channels[result.subtask].consumed(taken[result.subtask])
+            if result.output_path is not None:
+                outputs.append(result.output_path)
+                self.records_out += result.output_rows
+        self.backend.next_version = version + 1
+        if outputs:
+            if self.sink.exactly_once:
+                self.unsealed.extend(outputs)
+            else:
+                self.sink.write_now(outputs)
+                self._delete(outputs)
+        return True
+
+    def _finish_input(self) -> None:
+        """Bounded sources are read to their end and everything is processed: the keyed
+        function's end-of-input hook runs, then the coordinator is asked for the final
+        checkpoint (FLIP-147)."""
+        self._process(end_of_input=True)
+        self.end_of_input = True
+        log.info("job %s: end of input; asking for the final checkpoint", self.job_id)
+        self._announce(JobStatus.RUNNING, end_of_input=True)
+
+    # --- the checkpoint protocol -----------------------------------------------------------------
+
+    def _on_control(self, event: object) -> bool:
+        """Handles one control event; true when the job ended."""
+        epoch = getattr(event, "owner_epoch", 0)
+        if epoch < self.owner_epoch:
+            log.info("job %s: control event from an older coordinator epoch dropped", self.job_id)
+            return False
+        self.owner_epoch = epoch
+        if isinstance(event, TriggerCheckpoint):
+            self._on_trigger(event)
+        elif isinstance(event, NotifyCheckpointComplete):
+            return self._on_complete(event)
+        elif isinstance(event, NotifyCheckpointAborted):
+            self._on_aborted(event)
+        elif isinstance(event, FailoverRequest):
+            raise Restart(event.restore_external_path)
+        return False
+
+    def _on_trigger(self, trigger: TriggerCheckpoint) -> None:
+        checkpoint_id = trigger.checkpoint_id
+        if checkpoint_id <= self.highest_trigger:
+            return  # read again, or older than the restored checkpoint
+        self.highest_trigger = checkpoint_id
+        pending = PendingSnapshot(trigger, time.monotonic(), final=self.end_of_input)
+        self.pending[checkpoint_id] = pending
+        for channel in self.channels:
+            channel.add_barrier(checkpoint_id)
+        # sources snapshot at once: their positions are where the barrier enters the channels
+        for i in range(self.parallelism):
+            path = f"{trigger.target_location}/source-{i}.json"
+            data = json.dumps(self.source.snapshot(i)).encode()
+            started = time.monotonic()
+            write_file(path, data)
+            handle = StateHandle(path, StateHandleKind.SOURCE_POSITIONS, len(data))
+            self._acknowledge(pending, f"source-{i}", [handle], len(data), len(data), 0, started, 0)
+
+    def _snapshot_aligned(self) -> None:
+        for checkpoint_id in sorted(self.pending):
+            pending = self.pending[checkpoint_id]
+            if pending.snapshotted:
+                continue
+            if not all(c.aligned(checkpoint_id) for c in self.channels):
+                return  # barriers are in order: a later one cannot be aligned before this one
+            self._snapshot(checkpoint_id, pending)
+
+    def _snapshot(self, checkpoint_id: int, pending: PendingSnapshot) -> None:
+        trigger = pending.trigger
+        pending.snapshotted = True
+        pending.aligned_ms = int((time.monotonic() - pending.received) * 1000)
+        for channel in self.channels:
+            channel.remove_barrier(checkpoint_id)
+        self.sealed[checkpoint_id] = self.unsealed
+        self.unsealed = []
+        full = trigger.snapshot_type is not SnapshotType.CHECKPOINT
+        incremental = self.config.incremental and not full
+        for i, groups in enumerate(self.ranges):
+            started = time.monotonic()
+            plan = self.backend.plan(
+                checkpoint_id, groups, incremental, trigger.target_location, self.shared_dir
+            )
+            manifest = {
+                str(epoch): sorted(o for o in outputs if f"-s{i:04d}-" in o)
+                for epoch, outputs in self.sealed.items()
+            }
+            future = self.copier.submit(
+                self._copy, plan, f"{trigger.target_location}/sink-{i}.json", manifest
+            )
+            pending.copies.append((i, future, plan, started))
+        log.debug(
+            "job %s: checkpoint %d aligned after %d ms",
+            self.job_id,
+            checkpoint_id,
+            pending.aligned_ms,
+        )
+
+    def _copy(
+        self,
+        plan: list[tuple[Upload, str | None]],
+        manifest_path: str,
+        manifest: dict[str, list[str]],
+    ) -> None:
+        try:
+            for upload, source in plan:
+                if source is not None:
+                    copy_file(source, upload.path)
+            write_file(manifest_path, json.dumps(manifest).encode())
+        finally:
+            self.backend.release(s for _, s in plan)
+
+    def _send_acks(self) -> None:
+        running = []
+        for future, plan in self.orphans:  # copies of aborted snapshots: nobody references them
+            if future.done():
+                self._delete([u.path for u, s in plan if s is not None])
+            else:
+                running.append((future, plan))
+        self.orphans = running
+        for checkpoint_id in sorted(self.pending):
+            pending = self.pending[checkpoint_id]
+            still = []
+            for i, future, plan, started in pending.copies:
+                if not future.done():
+                    still.append((i, future, plan, started))
+                    continue
+                error = future.exception()
+                if error is not None:
+                    log.error(
+                        "job %s: snapshot %d of keyed-%d failed: %s",
+                        self.job_id,
+                        checkpoint_id,
+                        i,
+                        error,
+                    )
+                    self._decline(
+                        pending,
+                        f"keyed-{i}",
+                        CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION,
+                        str(error),
+                    )
+                    continue
+                handles = [
+                    StateHandle(
+                        u.path, StateHandleKind.KEYED_STATE, u.size, u.group, u.group, u.shared
+                    )
+                    for u, _ in plan
+                ]
+                manifest = f"{pending.trigger.target_location}/sink-{i}.json"
+                handles.append(StateHandle(manifest, StateHandleKind.SINK_EPOCH, 0))
+                state_size = sum(u.size for u, _ in plan)
+                checkpointed = sum(u.size for u, s in plan if s is not None)
+                sync_ms = 1
+                async_ms = int((time.monotonic() - started) * 1000)
+                self._acknowledge(
+                    pending,
+                    f"keyed-{i}",
+                    handles,
+                    state_size,
+                    checkpointed,
+                    sync_ms,
+                    started,
+                    async_ms,
+                )
+            pending.copies = still
+
+    def _acknowledge(
+        self, pending: PendingSnapshot, subtask: str, handles: list[StateHandle], state_size: int,
+        checkpointed: int, sync_ms: int, started: float, async_ms: int,
+    ) -> None:  # fmt: skip
+        trigger = pending.trigger
+        alignment_ms = pending.aligned_ms if subtask.startswith("keyed") else 0
+        ack = AcknowledgeCheckpoint(
+            self.job_id, trigger.checkpoint_id, subtask, self.attempt, now_ms(), handles, state_size,
+            max(0, alignment_ms), sync_ms, async_ms, 0, False, checkpointed, 0,
+        )  # fmt: skip
+        self.publisher.publish_nowait(ACKS, self.job_id, ack)
+        pending.acked.add(subtask)
+        if len(pending.acked) == len(self.subtasks):
+            self.publisher.flush(10)
+            crash_point("after-ack")
+        self.publisher.producer.poll(0)
+
+    def _decline(
+        self, pending: PendingSnapshot, subtask: str, reason: CheckpointFailureReason, message: str
+    ) -> None:
+        decline = DeclineCheckpoint(
+            self.job_id,
+            pending.trigger.checkpoint_id,
+            subtask,
+            self.attempt,
+            reason,
+            now_ms(),
+            message,
+        )
+        self.publisher.publish_nowait(ACKS, self.job_id, decline)
+        self.publisher.producer.poll(0)
+
+    def _on_complete(self, event: NotifyCheckpointComplete) -> bool:
+        checkpoint_id = event.checkpoint_id
+        pending = self.pending.pop(checkpoint_id, None)
+        self.backend.complete(checkpoint_id, event.is_savepoint)
+        crash_point("after-complete")
+        for epoch in sorted(e for e in self.sealed if e <= checkpoint_id):
+            outputs = self.sealed.pop(epoch)
+            if outputs:
+                count = self.sink.publish_epoch(epoch, sorted(outputs))
+                log.info(
+                    "job %s: checkpoint %d completed, epoch %d committed (%d records)",
+                    self.job_id,
+                    checkpoint_id,
+                    epoch,
+                    count,
+                )
+                self._delete(outputs)
+        self.completed_checkpoints.append(checkpoint_id)
+        for older in [c for c in self.pending if c < checkpoint_id and self.pending[c].snapshotted]:
+            self.pending.pop(older)  # subsumed: Flink's notifyCheckpointComplete covers them
+        if pending is None:
+            return False
+        if pending.trigger.snapshot_type in (
+            SnapshotType.SAVEPOINT_SUSPEND,
+            SnapshotType.SAVEPOINT_TERMINATE,
+        ):
+            log.info("job %s: stopped with savepoint %s", self.job_id, event.external_path)
+            return self._end(JobStatus.FINISHED)
+        if pending.final:
+            log.info("job %s: final checkpoint %d completed", self.job_id, checkpoint_id)
+            return self._end(JobStatus.FINISHED)
+        return False
+
+    def _end(self, status: JobStatus) -> bool:
+        self._announce(status)
+        self.status = status
+        return True
+
+    def _on_aborted(self, event: NotifyCheckpointAborted) -> None:
+        checkpoint_id = event.checkpoint_id
+        self.backend.abort(checkpoint_id)
+        pending = self.pending.pop(checkpoint_id, None)
+        if pending is not None:
+            for channel in self.channels:
+                channel.remove_barrier(checkpoint_id)
+            self.orphans += [(future, plan) for _, future, plan, _ in pending.copies]
+        outputs = self.sealed.pop(checkpoint_id, None)
+        if outputs:  # the epoch folds into the next one
+            later = sorted(e for e in self.sealed if e > checkpoint_id)
+            if later:
+                self.sealed[later[0]] = outputs + self.sealed[later[0]]
+            else:
+                self.unsealed = outputs + self.unsealed
+        if pending is not None and pending.final:
+            log.info(
+                "job %s: final checkpoint %d aborted (%s); waiting for the next",
+                self.job_id,
+                checkpoint_id,
+                event.reason.name,
+            )
+            self._announce(JobStatus.RUNNING, end_of_input=True)
+
+    def _delete(self, paths: list[str]) -> None:
+        for path in paths:
+            try:
+                fs, target = url_to_fs(path)
+                fs.rm(target)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("could not delete %s: %s", path, exc)
+
+
+def install_signal_handlers(agent: Agent) -> None:
+    def stop(signum: int, frame: object) -> None:
+        log.info("signal %d: stopping job %s", signum, agent.job_id)
+        agent.stop()
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+
+
+__all__ = ["Agent", "AgentOptions", "NoCheckpoint", "install_signal_handlers", "os"]

@@ -1,0 +1,1 @@
+"""Sources: what stage 1 reads. Only Kafka for now (sources/kafka.py)."""

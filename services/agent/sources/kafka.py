@@ -1,0 +1,93 @@
+"""The Kafka source, driver side: which partitions exist, which source subtask owns each, where
+each one stands, and which have data to fetch. Positions are kept here and in checkpoints, never
+committed to a consumer group (Flink's KafkaSource does the same; commits are only a courtesy
+there, and none here)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, TopicPartition
+
+from services.agent.job import KafkaSource
+from services.common.kafka import consumer_config, true_end_offset
+
+log = logging.getLogger(__name__)
+
+Partition = tuple[str, int]
+
+
+@dataclass
+class KafkaSourceReader:
+    source: KafkaSource
+    bootstrap: str
+    parallelism: int
+    positions: dict[Partition, int] = field(default_factory=dict)
+    ends: dict[Partition, int] = field(default_factory=dict)
+    """Bounded sources: the end offset of every partition, taken when the job started."""
+
+    def __post_init__(self) -> None:
+        self.consumer = Consumer(
+            consumer_config(self.bootstrap, client_id="sparkpoint-source-driver")
+        )
+        self.partitions: list[Partition] = []
+        for topic in self.source.topics:
+            metadata = self.consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if metadata is None or metadata.error is not None or not metadata.partitions:
+                raise ValueError(f"source topic {topic} does not exist (create it first)")
+            self.partitions += [(topic, p) for p in sorted(metadata.partitions)]
+
+    def start(self, restored: dict[Partition, int] | None) -> None:
+        """Positions from a checkpoint, else the earliest offset of every partition."""
+        for partition in self.partitions:
+            if restored is not None and partition in restored:
+                self.positions[partition] = restored[partition]
+            else:
+                low, _ = self.consumer.get_watermark_offsets(
+                    TopicPartition(*partition), timeout=10, cached=False
+                )
+                self.positions[partition] = low
+        if self.source.bounded:
+            for partition in self.partitions:
+                self.ends[partition] = true_end_offset(self.consumer, *partition)
+            log.info(
+                "bounded source: reading up to %s",
+                {f"{t}[{p}]": e for (t, p), e in self.ends.items()},
+            )
+
+    def owner(self, partition: Partition) -> int:
+        """The source subtask that reads ``partition`` (round robin over all partitions)."""
+        return self.partitions.index(partition) % self.parallelism
+
+    def readable(self) -> list[Partition]:
+        """Partitions with records beyond their position. The high watermark can only be too low
+        on the embedded broker (it counts the last batch's base offset), never too high, and it
+        rises above the position whenever a new batch arrives: so it decides correctly."""
+        ready = []
+        for partition in self.partitions:
+            position = self.positions[partition]
+            if partition in self.ends:
+                if position < self.ends[partition]:
+                    ready.append(partition)
+                continue
+            _, high = self.consumer.get_watermark_offsets(
+                TopicPartition(*partition), timeout=10, cached=False
+            )
+            if high > position:
+                ready.append(partition)
+        return ready
+
+    def finished(self) -> bool:
+        return bool(self.ends) and all(self.positions[p] >= e for p, e in self.ends.items())
+
+    def snapshot(self, subtask: int) -> dict[str, dict[str, int]]:
+        """The positions of the partitions ``subtask`` owns, as ``{topic: {partition: offset}}``."""
+        out: dict[str, dict[str, int]] = {}
+        for partition, offset in self.positions.items():
+            if self.owner(partition) == subtask:
+                out.setdefault(partition[0], {})[str(partition[1])] = offset
+        return out
+
+    def close(self) -> None:
+        self.consumer.close()

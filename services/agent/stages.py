@@ -1,0 +1,261 @@
+"""What runs inside Spark tasks: stage 1 (read a Kafka offset range, map/filter, key groups,
+partition by subtask) and stage 2 (one subtask's keyed function over its key groups, new state
+versions, staged output). Both take and return plain picklable values; the driver plans and
+keeps the books (runtime.py).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.json as pajson
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from services.agent.job import KeyedFunction, KeyedState, MapFunction, StateDescriptor
+from services.agent.keygroups import key_groups
+from services.agent.state import decode_state, encode_state, read_file, working_path, write_file
+from services.common.kafka import consumer_config
+
+log = logging.getLogger(__name__)
+
+KEY_GROUP_COLUMN = "_key_group"
+
+IDLE_POLLS = 3
+"""Empty polls in a row after which a task stops reading a partition that has no more data
+(with fetch.wait.max.ms 10, about 30 ms): the driver only schedules partitions whose high
+watermark is above the position, so idleness here means the end was reached."""
+
+POLL_BATCH = 10_000
+
+
+# --- stage 1 ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FetchTask:
+    bootstrap: str
+    topic: str
+    partition: int
+    start: int
+    end: int | None
+    """Stop before this offset (bounded sources); None: read what is there."""
+    max_records: int
+    key: str
+    max_parallelism: int
+    parallelism: int
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    topic: str
+    partition: int
+    next_offset: int
+    records: int
+    segments: list[tuple[int, bytes, int]]
+    """(subtask, Arrow IPC stream, rows) for every subtask that got records."""
+    malformed: list[tuple[int, str]]
+    """(offset, reason) of records that were skipped, the first few."""
+
+
+def read_range(task: FetchTask) -> tuple[list[bytes], list[int], int]:
+    """Values and offsets of at most ``max_records`` records from ``start``; the next offset."""
+    config = consumer_config(task.bootstrap, client_id="sparkpoint-source") | {
+        "enable.partition.eof": True
+    }
+    consumer = Consumer(config)
+    values: list[bytes] = []
+    offsets: list[int] = []
+    next_offset = task.start
+    try:
+        consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
+        idle = 0
+        while len(values) < task.max_records and idle < IDLE_POLLS:
+            if task.end is not None and next_offset >= task.end:
+                break
+            messages = consumer.consume(min(POLL_BATCH, task.max_records - len(values)), 0.1)
+            if not messages:
+                idle += 1
+                continue
+            idle = 0
+            eof = False
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        eof = True
+                        continue
+                    raise RuntimeError(f"{task.topic}[{task.partition}]: {error.str()}")
+                offset = int(message.offset() or 0)
+                if offset < next_offset or (task.end is not None and offset >= task.end):
+                    continue
+                if len(values) >= task.max_records:
+                    break
+                values.append(message.value() or b"")
+                offsets.append(offset)
+                next_offset = offset + 1
+            if eof and task.end is None:
+                break
+    finally:
+        consumer.close()
+    return values, offsets, next_offset
+
+
+def parse_json(
+    values: list[bytes], offsets: list[int]
+) -> tuple[pd.DataFrame, list[tuple[int, str]]]:
+    """JSON objects, one per record, parsed in bulk by Arrow; on a bad record, one at a time
+    so the bad ones are reported (by offset) and skipped and the good ones kept."""
+    if not values:
+        return pd.DataFrame(), []
+    try:
+        return pajson.read_json(io.BytesIO(b"\n".join(values))).to_pandas(), []
+    except (pa.ArrowInvalid, ValueError):
+        rows, bad = [], []
+        for value, offset in zip(values, offsets, strict=True):
+            try:
+                row = json.loads(value)
+                if not isinstance(row, dict):
+                    raise ValueError("not a JSON object")
+                rows.append(row)
+            except ValueError as exc:
+                bad.append((offset, str(exc)[:200]))
+        return pd.DataFrame(rows), bad
+
+
+def to_ipc(frame: pd.DataFrame) -> bytes:
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def from_ipc(payload: bytes | str) -> pd.DataFrame:
+    data = read_file(payload) if isinstance(payload, str) else payload
+    return ipc.open_stream(pa.BufferReader(data)).read_all().to_pandas()
+
+
+def fetch_and_partition(task: FetchTask, map_function: MapFunction) -> FetchResult:
+    values, offsets, next_offset = read_range(task)
+    frame, malformed = parse_json(values, offsets)
+    segments: list[tuple[int, bytes, int]] = []
+    if len(frame):
+        frame = map_function(frame)
+    if len(frame):
+        if task.key not in frame.columns:
+            raise KeyError(
+                f"key column {task.key!r} is not in the records after map (columns: {list(frame.columns)})"
+            )
+        groups = key_groups(frame[task.key].to_numpy(), task.max_parallelism)
+        subtasks = groups.astype("int64") * task.parallelism // task.max_parallelism
+        frame = frame.assign(**{KEY_GROUP_COLUMN: groups})
+        for subtask, part in frame.groupby(subtasks, sort=True):
+            segments.append((int(subtask), to_ipc(part.reset_index(drop=True)), len(part)))
+    return FetchResult(
+        task.topic, task.partition, next_offset, len(values), segments, malformed[:10]
+    )
+
+
+# --- stage 2 ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessTask:
+    subtask: int
+    payloads: list[bytes | str]
+    versions: dict[int, str]
+    """Current state file of every key group of this subtask that has state."""
+    state_dir: str
+    version: int
+    output_path: str
+    end_of_input: bool = False
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    subtask: int
+    new_versions: dict[int, tuple[str, int]]
+    """Key group -> (file, size) for every key group whose state changed."""
+    output_path: str | None
+    output_rows: int
+    input_rows: int
+    processed_bytes: int
+    duration_ms: int
+
+
+_CACHE: OrderedDict[str, dict[str, pd.Series]] = OrderedDict()
+"""Decoded state files by path, per Python worker (Spark reuses workers): files never change,
+so a path is a safe key."""
+CACHE_ENTRIES = 512
+
+
+def load_state(path: str, declared: Mapping[str, StateDescriptor]) -> dict[str, pd.Series]:
+    frames = _CACHE.get(path)
+    if frames is None:
+        frames = decode_state(read_file(path), declared)
+        _CACHE[path] = frames
+        while len(_CACHE) > CACHE_ENTRIES:
+            _CACHE.popitem(last=False)
+    else:
+        _CACHE.move_to_end(path)
+    return {name: series.copy() for name, series in frames.items()}
+
+
+def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult:
+    started = time.monotonic()
+    declared = function.state
+    processed_bytes = sum(len(p) for p in task.payloads if isinstance(p, bytes))
+    frames = [from_ipc(p) for p in task.payloads]
+    records = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    outputs: list[pd.DataFrame] = []
+    new_versions: dict[int, tuple[str, int]] = {}
+
+    def run(group: int, call: str, batch: pd.DataFrame | None) -> None:
+        path = task.versions.get(group)
+        state = KeyedState(declared, load_state(path, declared) if path else {})
+        out = function.on_end_of_input(state) if batch is None else function.process(batch, state)
+        if out is not None and len(out):
+            outputs.append(out)
+        if state.changed:
+            data = encode_state(state.frames())
+            new_path = working_path(task.state_dir, group, task.version)
+            write_file(new_path, data)
+            _CACHE[new_path] = {n: s.copy() for n, s in state.frames().items()}
+            new_versions[group] = (new_path, len(data))
+            task.versions[group] = new_path
+
+    if len(records):
+        for group, batch in records.groupby(KEY_GROUP_COLUMN, sort=True):
+            run(int(group), "process", batch.drop(columns=KEY_GROUP_COLUMN).reset_index(drop=True))
+    if task.end_of_input:
+        for group in sorted(task.versions):
+            run(group, "end", None)
+    output_path = None
+    output_rows = 0
+    if outputs:
+        output = pd.concat(outputs, ignore_index=True)
+        output_rows = len(output)
+        if output_rows:
+            output_path = task.output_path
+            write_file(output_path, to_ipc(output))
+    return ProcessResult(
+        task.subtask, new_versions, output_path, output_rows, len(records), processed_bytes,
+        int((time.monotonic() - started) * 1000),
+    )  # fmt: skip
+
+
+def output_file(sink_dir: str, round_id: int, subtask: int) -> str:
+    return f"{sink_dir}/out-r{round_id:08d}-s{subtask:04d}-{uuid.uuid4().hex[:8]}.arrow"
+
+
+__all__ = ["working_path"]

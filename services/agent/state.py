@@ -1,0 +1,265 @@
+"""The key-group state backend.
+
+The state of each key group is a sequence of immutable versions, one Arrow IPC file per version,
+written by stage 2 under the job's task-owned state directory (any fsspec URL). A file holds every
+declared state of the key group (value, list and map state, each as its own Arrow table).
+
+Ownership follows Flink's split between task-owned and shared state:
+
+- **working versions** (``<dir>/<job>/taskowned/state/...``) belong to the agent; it deletes a
+  version once a newer one replaced it and no snapshot still copies from it;
+- **checkpointed copies** (``<dir>/<job>/shared/...`` for incremental checkpoints, the
+  checkpoint's or savepoint's own directory otherwise) belong to the coordinator, which counts
+  references and deletes a copy when no retained checkpoint needs it any more.
+
+An incremental checkpoint copies only the key groups whose version changed since the last
+*completed* checkpoint and references the shared copies of the others (Flink's incremental
+RocksDB snapshots work the same way, at the level of SST files). A full checkpoint or a
+savepoint copies every key group into its own directory: self-contained and relocatable.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import posixpath
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import fsspec
+import pandas as pd
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from services.agent.job import ListState, MapState, StateDescriptor, ValueState, empty_series
+
+log = logging.getLogger(__name__)
+
+# --- one key group's file ------------------------------------------------------------------------
+
+
+def encode_state(frames: Mapping[str, pd.Series]) -> bytes:
+    """Every state of a key group as one Arrow IPC file: a table of (name, Arrow IPC bytes)."""
+    names, payloads = [], []
+    for name, series in sorted(frames.items()):
+        if len(series) == 0:
+            continue
+        if isinstance(series.index, pd.MultiIndex):
+            columns = {
+                "key": series.index.get_level_values(0),
+                "user_key": series.index.get_level_values(1),
+            }
+        else:
+            columns = {"key": series.index}
+        table = pa.table(
+            {n: pa.array(v) for n, v in columns.items()} | {"value": pa.array(series.to_numpy())}
+        )
+        sink = io.BytesIO()
+        with ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        names.append(name)
+        payloads.append(sink.getvalue())
+    container = pa.table(
+        {"name": pa.array(names, pa.string()), "ipc": pa.array(payloads, pa.binary())}
+    )
+    out = io.BytesIO()
+    with ipc.new_file(out, container.schema) as writer:
+        writer.write_table(container)
+    return out.getvalue()
+
+
+def decode_state(data: bytes, declared: Mapping[str, StateDescriptor]) -> dict[str, pd.Series]:
+    container = ipc.open_file(pa.BufferReader(data)).read_all()
+    frames: dict[str, pd.Series] = {}
+    for name, payload in zip(
+        container.column("name").to_pylist(), container.column("ipc").to_pylist(), strict=True
+    ):
+        descriptor = declared.get(name)
+        if descriptor is None:
+            log.warning("state %r is in the snapshot but not declared by the job; dropped", name)
+            continue
+        table = ipc.open_file(pa.BufferReader(payload)).read_all()
+        values = table.column("value").to_numpy(zero_copy_only=False)
+        keys = table.column("key").to_numpy(zero_copy_only=False)
+        if isinstance(descriptor, MapState):
+            user_keys = table.column("user_key").to_numpy(zero_copy_only=False)
+            index: pd.Index = pd.MultiIndex.from_arrays(
+                [keys, user_keys], names=["key", "user_key"]
+            )
+        else:
+            index = pd.Index(keys, name="key")
+        frames[name] = pd.Series(values, index=index, name=name).astype(descriptor.dtype)
+    for name, descriptor in declared.items():
+        frames.setdefault(name, empty_series(descriptor))
+    return frames
+
+
+def write_file(path: str, data: bytes) -> None:
+    with fsspec.open(path, "wb", auto_mkdir=True) as out:
+        out.write(data)
+
+
+def read_file(path: str) -> bytes:
+    with fsspec.open(path, "rb") as source:
+        data: bytes = source.read()
+    return data
+
+
+def copy_file(source: str, target: str) -> int:
+    data = read_file(source)
+    write_file(target, data)
+    return len(data)
+
+
+def working_path(state_dir: str, group: int, version: int) -> str:
+    return f"{state_dir}/kg-{group:05d}/v{version:08d}-{uuid.uuid4().hex[:8]}.arrow"
+
+
+_DESCRIPTORS = (ValueState, ListState, MapState)
+
+
+# --- the driver's view of every key group ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Version:
+    """One key group's current state file. ``owned``: a working version the agent may delete;
+    restored files (in a checkpoint or savepoint) are never deleted by the agent."""
+
+    path: str
+    size: int
+    version: int
+    owned: bool = True
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A key group's state as a snapshot references it."""
+
+    group: int
+    path: str
+    size: int
+    shared: bool
+    new: bool
+    """Copied for this snapshot (false: a shared copy from an earlier checkpoint, reused)."""
+
+
+@dataclass
+class StateBackend:
+    """Which version of each key group is current, which checkpointed copy each version already
+    has, and which working files may go."""
+
+    state_dir: str
+    versions: dict[int, Version] = field(default_factory=dict)
+    confirmed: dict[int, tuple[int, str, int]] = field(default_factory=dict)
+    """Key group -> (version, shared copy, size) as of the last completed checkpoint."""
+    _proposed: dict[int, dict[int, tuple[int, str, int]]] = field(default_factory=dict)
+    _pins: Counter[str] = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _garbage: list[str] = field(default_factory=list)
+    next_version: int = 1
+
+    def install(self, group: int, version: Version) -> None:
+        """Stage 2 wrote a new version of ``group``; the old one becomes garbage unless pinned."""
+        with self._lock:
+            old = self.versions.get(group)
+            self.versions[group] = version
+            self.next_version = max(self.next_version, version.version + 1)
+            if old is not None and old.owned:
+                self._garbage.append(old.path)
+
+    def plan(
+        self,
+        checkpoint_id: int,
+        groups: Iterable[int],
+        incremental: bool,
+        target: str,
+        shared_dir: str,
+    ) -> list[tuple[Upload, str | None]]:
+        """What a snapshot of ``groups`` references, and for each new copy its source file (pinned
+        until `release` is called)."""
+        plan: list[tuple[Upload, str | None]] = []
+        proposed: dict[int, tuple[int, str, int]] = {}
+        with self._lock:
+            for group in sorted(groups):
+                version = self.versions.get(group)
+                if version is None:
+                    continue
+                confirmed = self.confirmed.get(group)
+                if incremental and confirmed is not None and confirmed[0] == version.version:
+                    plan.append((Upload(group, confirmed[1], confirmed[2], True, False), None))
+                    proposed[group] = confirmed
+                    continue
+                name = f"kg-{group:05d}-{uuid.uuid4().hex}.arrow"
+                path = f"{shared_dir}/{name}" if incremental else f"{target}/{name}"
+                plan.append((Upload(group, path, version.size, incremental, True), version.path))
+                self._pins[version.path] += 1
+                if incremental:
+                    proposed[group] = (version.version, path, version.size)
+            self._proposed.setdefault(checkpoint_id, {}).update(proposed)
+        return plan
+
+    def release(self, sources: Iterable[str | None]) -> None:
+        with self._lock:
+            for source in sources:
+                if source is not None:
+                    self._pins[source] -= 1
+                    if self._pins[source] <= 0:
+                        del self._pins[source]
+
+    def complete(self, checkpoint_id: int, is_savepoint: bool) -> None:
+        """Checkpoint ``checkpoint_id`` completed. Its shared copies become the base of later
+        incremental checkpoints: the latest completed checkpoint is never subsumed, so they stay.
+        After a full checkpoint there is no base (its copies go with its directory); a savepoint
+        changes nothing (it is never the base of a checkpoint)."""
+        with self._lock:
+            proposed = self._proposed.pop(checkpoint_id, {})
+            for old in [c for c in self._proposed if c < checkpoint_id]:
+                del self._proposed[old]
+            if not is_savepoint:
+                self.confirmed = dict(proposed)
+
+    def abort(self, checkpoint_id: int) -> None:
+        with self._lock:
+            self._proposed.pop(checkpoint_id, None)
+
+    def restore(self, files: Mapping[int, tuple[str, int]], shared: bool) -> None:
+        """Key group -> (file, size) from a checkpoint or savepoint. Shared copies of this job's
+        incremental checkpoints count as confirmed; anything else is copied again by the next
+        checkpoint (Flink's NO_CLAIM restore mode)."""
+        with self._lock:
+            self.versions.clear()
+            self.confirmed.clear()
+            self._proposed.clear()
+            for group, (path, size) in files.items():
+                self.versions[group] = Version(path, size, 0, owned=False)
+                if shared:
+                    self.confirmed[group] = (0, path, size)
+
+    def collect_garbage(self) -> list[str]:
+        """Working files no longer current and not pinned by a snapshot in progress: deleted."""
+        with self._lock:
+            free = [p for p in self._garbage if p not in self._pins]
+            self._garbage = [p for p in self._garbage if p in self._pins]
+        for path in free:
+            try:
+                fs, target = fsspec.core.url_to_fs(path)
+                fs.rm(target)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("could not delete working state file %s: %s", path, exc)
+        return free
+
+    def state_size(self, groups: Iterable[int]) -> int:
+        with self._lock:
+            return sum(self.versions[g].size for g in groups if g in self.versions)
+
+
+def job_dirs(checkpoint_dir: str, job_id: str) -> tuple[str, str]:
+    """(shared dir, task-owned dir) of a job under the checkpoint directory."""
+    base = posixpath.join(checkpoint_dir.rstrip("/"), job_id)
+    return f"{base}/shared", f"{base}/taskowned"
