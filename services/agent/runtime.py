@@ -206,6 +206,13 @@ class Agent:
             )
         return self.spark
 
+    def _warm_up(self) -> None:
+        """Starts Spark and its Python workers before the job registers: a session takes 10 s or
+        more to its first result, and triggers must not wait for that."""
+        sc = self._spark().sparkContext
+        sc.setJobDescription("warm-up")
+        sc.parallelize(range(self.parallelism), self.parallelism).map(lambda x: x).collect()
+
     def run(self) -> JobStatus:
         """Runs the job until it finishes, is stopped, or fails; returns its final status."""
         restore = self.options.restore
@@ -259,15 +266,8 @@ class Agent:
 
     def _start(self, restore: str | None) -> None:
         started = time.monotonic()
-        restored: Restored | None = None
-        if restore is not None:
-            path = (
-                latest_checkpoint(self.checkpoint_dir, self.job_id)
-                if restore == "latest"
-                else restore
-            )
-            log.info("job %s: restoring from %s", self.job_id, path)
-            restored = load(path, self.job_id, self.checkpoint_dir)
+        restored = self._restored(restore) if restore is not None else None
+        self._warm_up()
         self.channels = [
             Channel(i, self.work_dir / f"channel-{i}", self.options.memory_budget_bytes, self.options.capacity_bytes)
             for i in range(self.parallelism)
@@ -300,6 +300,19 @@ class Agent:
             self.job_id, self.parallelism, len(restored.key_groups) if restored else 0,
             time.monotonic() - started,
         )  # fmt: skip
+
+    def _restored(self, restore: str) -> Restored | None:
+        if restore == "latest":
+            try:
+                path = latest_checkpoint(self.checkpoint_dir, self.job_id)
+            except NoCheckpoint as exc:
+                # as Flink's failover with no completed checkpoint: start from the beginning
+                log.warning("job %s: %s; starting from the beginning", self.job_id, exc)
+                return None
+        else:
+            path = restore
+        log.info("job %s: restoring from %s", self.job_id, path)
+        return load(path, self.job_id, self.checkpoint_dir)
 
     def _publish_restored_epochs(self, restored: Restored) -> None:
         """Epochs <= the restored checkpoint completed; publish those the sink has not."""

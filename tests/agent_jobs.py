@@ -1,0 +1,52 @@
+"""Job definitions for agent tests, configured by environment so that an agent process started
+as a user would (``sparkpoint agent tests/agent_jobs.py:job``) runs the test's job:
+``TEST_JOB_NAME``, ``TEST_INPUT``, ``TEST_OUTPUT`` (a topic, or a directory for the file sink
+when ``TEST_SINK=files``), ``TEST_MAX_RECORDS`` (per partition and round), ``TEST_BOUNDED``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from services.agent.example import example_job
+from services.agent.job import DeliveryGuarantee, FileSink, Job, KafkaSink, KafkaSource
+
+FAST_CHECKPOINTS = {
+    "execution.checkpointing.interval": "1s",
+    "execution.checkpointing.min-pause": "0ms",
+    "execution.checkpointing.timeout": "60s",
+}
+
+
+def build(
+    name: str,
+    input_topic: str,
+    output: str,
+    max_records: int = 500,
+    bounded: bool = True,
+    sink: str = "kafka",
+    guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE,
+    parallelism: int = 2,
+    settings: dict[str, str] | None = None,
+) -> Job:
+    job = example_job(
+        name, input_topic, output, bounded, parallelism, {**FAST_CHECKPOINTS, **(settings or {})}
+    )
+    chosen = FileSink(output, guarantee) if sink == "files" else KafkaSink(output, guarantee)
+    return replace(
+        job,
+        source=KafkaSource([input_topic], bounded=bounded, max_records_per_partition=max_records),
+        sink=chosen,
+    )
+
+
+def job() -> Job:
+    env = os.environ
+    return build(
+        env["TEST_JOB_NAME"],
+        env["TEST_INPUT"],
+        env["TEST_OUTPUT"],
+        int(env.get("TEST_MAX_RECORDS", "500")),
+        env.get("TEST_BOUNDED", "1") == "1",
+        env.get("TEST_SINK", "kafka"),
+    )

@@ -1,0 +1,318 @@
+"""The agent on the real broker and real Spark, against a real coordinator: the example job's
+committed output equals the plain-Python reference after a clean run, after SIGKILL at each
+scripted point and a restore, after restores with parallelism 2 -> 4 -> 1, and when a bounded
+job finishes. Agents that are killed run as processes, started as a user starts them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from services.agent.example import generate, payments, reference_output
+from services.agent.job import DeliveryGuarantee, Job
+from services.agent.runtime import Agent, AgentOptions
+from services.common.avro import EventCodec
+from services.common.events import JobStatus
+from services.common.kafka import consumer_config, true_end_offset
+from tests.agent_jobs import build
+from tests.conftest import KafkaUnderTest
+from tests.running_coordinator import Running, coordinator_in_thread, wait
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = 6_000
+Output = tuple[str, str, int, int]
+
+
+@pytest.fixture(scope="module")
+def coordinator(
+    kafka: KafkaUnderTest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Running]:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPARKPOINT_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:10]}.")
+        yield from coordinator_in_thread(kafka, tmp_path_factory.mktemp("agent"))
+
+
+@pytest.fixture(scope="module")
+def payments_topic(kafka: KafkaUnderTest) -> str:
+    """One input topic for the module (4 partitions): jobs only read it."""
+    topic = f"payments-{uuid.uuid4().hex[:8]}"
+    assert generate(kafka.bootstrap, topic, RECORDS) == RECORDS
+    return topic
+
+
+@pytest.fixture(scope="module")
+def expected() -> list[Output]:
+    return reference_output(payments(RECORDS), end_of_input=True)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def read_output(bootstrap: str, topic: str) -> list[Output]:
+    """Everything committed to ``topic`` (read_committed), up to its true end offsets."""
+    consumer = Consumer(consumer_config(bootstrap, read_committed=True))
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: true_end_offset(consumer, topic, p) for p in partitions}
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        out: list[Output] = []
+        remaining = {p for p, end in ends.items() if end > 0}
+        while remaining:
+            for message in consumer.consume(10_000, 0.5):
+                if message.error() is None:
+                    row = json.loads(message.value() or b"{}")
+                    out.append((row["kind"], row["account"], row["id"], row["value"]))
+            for tp in consumer.position([TopicPartition(topic, p) for p in remaining]):
+                if tp.offset >= ends[tp.partition]:
+                    remaining.discard(tp.partition)
+        return sorted(out)
+    finally:
+        consumer.close()
+
+
+def read_files(directory: Path) -> list[Output]:
+    out: list[Output] = []
+    for path in sorted(directory.glob("part-*.parquet")):
+        for row in pq.read_table(path).to_pylist():
+            out.append((row["kind"], row["account"], row["id"], row["value"]))
+    return sorted(out)
+
+
+def difference(got: list[Output], want: list[Output]) -> str:
+    missing, extra = Counter(want) - Counter(got), Counter(got) - Counter(want)
+    return f"{sum(missing.values())} missing (e.g. {list(missing)[:2]}), {sum(extra.values())} duplicated or wrong (e.g. {list(extra)[:2]})"
+
+
+def run_in_process(
+    job: Job, coordinator: Running, spark: Any, **options: Any
+) -> tuple[JobStatus, Agent]:
+    agent = Agent(
+        job,
+        AgentOptions(
+            coordinator.bootstrap,
+            checkpoint_dir=str(coordinator.root / "checkpoints"),
+            **options,
+        ),
+        EventCodec(),
+        spark=spark,
+    )
+    result: list[JobStatus] = []
+    thread = threading.Thread(target=lambda: result.append(agent.run()), daemon=True)
+    thread.start()
+    thread.join(180)
+    if thread.is_alive():
+        agent.stop()
+        thread.join(30)
+        raise AssertionError(f"job {job.id} did not finish in 180 s")
+    assert result, "the agent failed (see the log)"
+    return result[0], agent
+
+
+def agent_process(
+    coordinator: Running,
+    name: str,
+    topic: str,
+    output: str,
+    *args: str,
+    crash_at: str | None = None,
+    sink: str = "kafka",
+    max_records: int = 150,
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env |= {
+        "TEST_JOB_NAME": name,
+        "TEST_INPUT": topic,
+        "TEST_OUTPUT": output,
+        "TEST_SINK": sink,
+        "TEST_MAX_RECORDS": str(max_records),
+        "PYTHONPATH": str(ROOT),
+    }
+    env.pop("SPARKPOINT_CRASH_AT", None)
+    if crash_at:
+        env["SPARKPOINT_CRASH_AT"] = crash_at
+    command = [
+        sys.executable, "-m", "services.cli", "-v", "agent", "tests/agent_jobs.py:job",
+        "--bootstrap", coordinator.bootstrap, "--master", "local[2]",
+        "--checkpoint-dir", str(coordinator.root / "checkpoints"), *args,
+    ]  # fmt: skip
+    return subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+
+
+def killed(process: subprocess.CompletedProcess[str]) -> bool:
+    return process.returncode == -signal.SIGKILL
+
+
+# --- clean runs ------------------------------------------------------------------------------------
+
+
+def test_a_bounded_job_commits_exactly_the_reference_and_finishes(
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
+) -> None:
+    output = unique("stats")
+    job = build(unique("clean"), payments_topic, output)
+
+    status, agent = run_in_process(job, coordinator, spark)
+
+    assert status is JobStatus.FINISHED
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+    assert agent.completed_checkpoints, "the final checkpoint completed"
+    wait(lambda: job.id in coordinator.service.ended, what="the coordinator saw FINISHED")
+    assert coordinator.service.ended[job.id].status is JobStatus.FINISHED
+
+
+def test_the_file_sink_commits_part_files_exactly_once(
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output], tmp_path: Path
+) -> None:
+    job = build(unique("files"), payments_topic, str(tmp_path / "out"), sink="files")
+
+    status, _ = run_in_process(job, coordinator, spark)
+
+    assert status is JobStatus.FINISHED
+    assert read_files(tmp_path / "out") == expected
+    assert not list((tmp_path / "out").glob(".*inprogress*")), "no part file left in progress"
+
+
+def test_records_spill_to_disk_beyond_the_memory_budget_and_backpressure_holds_the_source(
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
+) -> None:
+    output = unique("stats")
+    job = build(unique("spill"), payments_topic, output, max_records=3_000)
+    seen: list[tuple[int, bool]] = []
+
+    def watch(agent: Agent) -> None:
+        seen.append(
+            (sum(c.spilled_total for c in agent.channels), any(c.full for c in agent.channels))
+        )
+
+    agent_status, agent = None, None
+    options: dict[str, Any] = {
+        "memory_budget_bytes": 1,
+        "capacity_bytes": 1,
+        "max_rows_per_round": 400,
+    }
+    agent = Agent(
+        job,
+        AgentOptions(
+            coordinator.bootstrap, checkpoint_dir=str(coordinator.root / "checkpoints"), **options
+        ),
+        EventCodec(),
+        spark=spark,
+    )
+    agent.on_round = watch
+    agent_status = agent.run()
+
+    assert agent_status is JobStatus.FINISHED
+    assert read_output(coordinator.bootstrap, output) == expected
+    assert seen[-1][0] > 0, "segments went to disk"
+    assert any(full for _, full in seen), "a full channel was reported (the source paused)"
+
+
+def test_at_least_once_sinks_publish_every_record_without_transactions(
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
+) -> None:
+    output = unique("stats")
+    job = build(unique("alo"), payments_topic, output, guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
+
+    status, _ = run_in_process(job, coordinator, spark)
+
+    assert status is JobStatus.FINISHED
+    assert (
+        read_output(coordinator.bootstrap, output) == expected
+    )  # no failure: exactly the reference
+
+
+# --- SIGKILL at scripted points, then restore -------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", ["mid-batch:7", "after-ack:2", "after-complete:2"])
+def test_a_killed_agent_restored_from_latest_commits_exactly_the_reference(
+    coordinator: Running, payments_topic: str, expected: list[Output], point: str
+) -> None:
+    name, output = unique("killed"), unique("stats")
+
+    first = agent_process(coordinator, name, payments_topic, output, crash_at=point)
+    assert killed(first), f"expected SIGKILL at {point}:\n{first.stderr[-3000:]}"
+    second = agent_process(coordinator, name, payments_topic, output, "--restore", "latest")
+    assert second.returncode == 0, second.stderr[-3000:]
+
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+    assert "restoring from" in second.stderr
+
+
+def test_killed_during_the_sink_transaction_commits_exactly_the_reference_on_real_kafka(
+    kafka: KafkaUnderTest, coordinator: Running, payments_topic: str, expected: list[Output]
+) -> None:
+    if kafka.is_embedded:
+        pytest.skip("the embedded broker shows aborted transactions to read_committed readers")
+    name, output = unique("publish"), unique("stats")
+    first = agent_process(coordinator, name, payments_topic, output, crash_at="mid-publish:2")
+    assert killed(first), first.stderr[-3000:]
+    second = agent_process(coordinator, name, payments_topic, output, "--restore", "latest")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert read_output(coordinator.bootstrap, output) == expected
+
+
+def test_restores_with_parallelism_2_then_4_then_1_commit_exactly_the_reference(
+    coordinator: Running, payments_topic: str, expected: list[Output]
+) -> None:
+    name, output = unique("rescaled"), unique("stats")
+
+    first = agent_process(coordinator, name, payments_topic, output, crash_at="after-complete:1")
+    assert killed(first), first.stderr[-3000:]
+    second = agent_process(
+        coordinator, name, payments_topic, output, "--restore", "latest", "--parallelism", "4",
+        crash_at="after-complete:2",
+    )  # fmt: skip
+    assert killed(second), second.stderr[-3000:]
+    third = agent_process(
+        coordinator, name, payments_topic, output, "--restore", "latest", "--parallelism", "1"
+    )
+    assert third.returncode == 0, third.stderr[-3000:]
+
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+    assert "parallelism 4, 128 key groups restored" in second.stderr
+    assert "parallelism 1, 128 key groups restored" in third.stderr
+    registrations = [j for j in (coordinator.service.ended.get(name),) if j is not None]
+    assert registrations and registrations[0].registration.parallelism == 1
+
+
+def test_the_checkpoint_id_continues_above_the_restored_one(
+    coordinator: Running, payments_topic: str
+) -> None:
+    name, output = unique("ids"), unique("stats")
+    first = agent_process(coordinator, name, payments_topic, output, crash_at="after-complete:2")
+    assert killed(first)
+    restored_from = max(
+        int(p.name.removeprefix("chk-"))
+        for p in (coordinator.root / "checkpoints" / name).glob("chk-*")
+        if (p / "_metadata").exists()
+    )
+    second = agent_process(coordinator, name, payments_topic, output, "--restore", "latest")
+    assert second.returncode == 0, second.stderr[-3000:]
+    completed = [
+        int(line.split("checkpoint ")[1].split()[0])
+        for line in second.stderr.splitlines()
+        if "completed, epoch" in line
+    ]
+    assert completed and min(completed) > restored_from

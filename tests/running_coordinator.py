@@ -1,0 +1,79 @@
+"""A coordinator service running in the test process, for integration tests of the coordinator
+and of agents: the real service, REST and Kafka I/O, on the session's broker."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from services.common.avro import EventCodec
+from services.common.broker import free_port
+from services.common.kafka import make_admin
+from services.common.settings import CheckpointConfig
+from services.common.topics import create_topics
+from services.coordinator.main import serve
+from services.coordinator.service import CoordinatorService, ServiceSettings
+from tests.conftest import KafkaUnderTest
+from tests.scripted_agent import ScriptedAgent
+
+
+@dataclass
+class Running:
+    service: CoordinatorService
+    url: str
+    bootstrap: str
+    root: Path
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=15)
+
+    def agent(self, codec: EventCodec, **kwargs: object) -> ScriptedAgent:
+        job_id = f"job-{uuid.uuid4().hex[:8]}"
+        agent = ScriptedAgent(self.bootstrap, codec, job_id, state_dir=self.root, **kwargs)  # type: ignore[arg-type]
+        agent.start()
+        wait(lambda: job_id in self.service.jobs, what=f"{job_id} registered")
+        return agent
+
+
+def wait(condition: object, timeout_s: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not met within {timeout_s} s")
+
+
+def coordinator_in_thread(kafka: KafkaUnderTest, tmp_path: Path) -> Iterator[Running]:
+    """A coordinator service (REST on a free port) in a thread, on the current topic prefix."""
+    create_topics(make_admin(kafka.bootstrap), partitions=2)
+    defaults = CheckpointConfig(
+        checkpoint_dir=str(tmp_path / "checkpoints"), savepoint_dir=str(tmp_path / "savepoints")
+    )
+    port = free_port()
+    service = CoordinatorService(ServiceSettings(kafka.bootstrap, defaults))
+    thread = threading.Thread(
+        target=lambda: asyncio.run(serve(service, "127.0.0.1", port)), daemon=True
+    )
+    thread.start()
+    try:
+        wait(service.ready.is_set, what="partitions assigned")
+        wait(lambda: _answers(f"http://127.0.0.1:{port}/jobs"), what="REST up")
+        yield Running(service, f"http://127.0.0.1:{port}", kafka.bootstrap, tmp_path)
+    finally:
+        service.stop()
+        thread.join(20)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
