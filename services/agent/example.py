@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import pandas as pd
 from confluent_kafka import Producer
 
@@ -79,8 +80,8 @@ class PaymentStats(KeyedFunction):
         counts = counts.add(known.reindex(counts.index).fillna(0).astype("int64"))
         state.put_in_map("windows", counts)
         latest = window.groupby(account).max()
-        previous = state.value("latest_window").reindex(latest.index)
-        latest = latest.where(previous.isna() | (latest > previous), previous).astype("int64")
+        previous = state.value("latest_window").reindex(latest.index).astype("float64")
+        latest = pd.Series(np.fmax(latest.to_numpy("float64"), previous.to_numpy()), index=latest.index)
         state.update_value("latest_window", latest)
 
         windows = state.map("windows")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -291,8 +292,8 @@ def test_restores_with_parallelism_2_then_4_then_1_commit_exactly_the_reference(
 
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
-    assert "parallelism 4, 128 key groups restored" in second.stderr
-    assert "parallelism 1, 128 key groups restored" in third.stderr
+    assert re.search(r"parallelism 4, [1-9]\d* key groups restored", second.stderr)
+    assert re.search(r"parallelism 1, [1-9]\d* key groups restored", third.stderr)
     registrations = [j for j in (coordinator.service.ended.get(name),) if j is not None]
     assert registrations and registrations[0].registration.parallelism == 1
 

@@ -1,0 +1,156 @@
+"""The key-group state: typed state through KeyedState, the Arrow file of a key group, and the
+backend's books (what an incremental checkpoint copies, what it reuses, what may be deleted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from services.agent.job import KeyedState, ListState, MapState, ValueState
+from services.agent.state import StateBackend, Version, decode_state, encode_state
+
+DECLARED = {
+    "total": ValueState("int64"),
+    "recent": ListState("float64"),
+    "windows": MapState("int64", "int64"),
+}
+
+
+def test_value_list_and_map_state_round_trip_through_one_arrow_file() -> None:
+    state = KeyedState(DECLARED, {})
+    state.update_value("total", pd.Series([5, 7], index=["a", "b"]))
+    state.add_to_list("recent", pd.Series([1.5, 2.5, 3.5], index=["a", "a", "b"]))
+    windows = pd.Series([3, 4], index=pd.MultiIndex.from_tuples([("a", 0), ("a", 10_000)]))
+    state.put_in_map("windows", windows)
+
+    decoded = decode_state(encode_state(state.frames()), DECLARED)
+
+    assert decoded["total"].to_dict() == {"a": 5, "b": 7}
+    assert decoded["recent"].tolist() == [1.5, 2.5, 3.5]
+    assert list(decoded["recent"].index) == ["a", "a", "b"]
+    assert decoded["windows"].to_dict() == {("a", 0): 3, ("a", 10_000): 4}
+    assert decoded["windows"].dtype == "int64"
+
+
+def test_updates_replace_only_the_keys_given() -> None:
+    state = KeyedState(DECLARED, {})
+    state.update_value("total", pd.Series([1, 2], index=["a", "b"]))
+    state.update_value("total", pd.Series([10], index=["b"]))
+    state.clear_value("total", ["a"])
+    state.set_list("recent", pd.Series([1.0, 2.0], index=["a", "a"]))
+    state.set_list("recent", pd.Series([9.0], index=["a"]))
+    state.put_in_map("windows", pd.Series([1], index=pd.MultiIndex.from_tuples([("a", 0)])))
+    state.remove_from_map("windows", pd.MultiIndex.from_tuples([("a", 0)]))
+
+    assert state.value("total").to_dict() == {"b": 10}
+    assert state.list("recent").tolist() == [9.0]
+    assert len(state.map("windows")) == 0
+    assert state.changed == {"total", "recent", "windows"}
+
+
+def test_using_a_state_as_another_kind_or_undeclared_is_an_error() -> None:
+    state = KeyedState(DECLARED, {})
+    with pytest.raises(TypeError, match="is a ValueState, not a MapState"):
+        state.map("total")
+    with pytest.raises(KeyError, match="not declared"):
+        state.value("nope")
+
+
+def test_state_in_a_snapshot_that_the_job_no_longer_declares_is_dropped() -> None:
+    state = KeyedState(DECLARED, {})
+    state.update_value("total", pd.Series([1], index=["a"]))
+    decoded = decode_state(encode_state(state.frames()), {"other": ValueState()})
+    assert set(decoded) == {"other"} and len(decoded["other"]) == 0
+
+
+def backend(tmp_path: Path) -> StateBackend:
+    b = StateBackend(str(tmp_path / "state"))
+    for group in (1, 2):
+        path = tmp_path / f"v1-{group}"
+        path.write_bytes(b"x")
+        b.install(group, Version(str(path), 10, 1))
+    return b
+
+
+def test_an_incremental_checkpoint_copies_only_key_groups_changed_since_the_last_completed(
+    tmp_path: Path,
+) -> None:
+    b = backend(tmp_path)
+    first = b.plan(1, [1, 2], True, "/chk-1", "/shared")
+    assert all(upload.new for upload, _ in first)
+    b.release(s for _, s in first)
+    b.complete(1, is_savepoint=False)
+
+    changed = tmp_path / "v2-2"
+    changed.write_bytes(b"y")
+    b.install(2, Version(str(changed), 12, 2))
+    second = {u.group: u for u, _ in b.plan(2, [1, 2], True, "/chk-2", "/shared")}
+
+    assert not second[1].new and second[1].path == next(u.path for u, _ in first if u.group == 1)
+    assert second[2].new and second[2].path.startswith("/shared/") and second[2].shared
+
+
+def test_a_full_checkpoint_copies_everything_into_its_own_directory_and_is_no_base(
+    tmp_path: Path,
+) -> None:
+    b = backend(tmp_path)
+    b.plan(1, [1, 2], True, "/chk-1", "/shared")
+    b.complete(1, is_savepoint=False)
+    full = b.plan(2, [1, 2], False, "/chk-2", "/shared")
+    assert all(u.new and u.path.startswith("/chk-2/") and not u.shared for u, _ in full)
+    b.complete(2, is_savepoint=False)
+    after = b.plan(3, [1, 2], True, "/chk-3", "/shared")
+    assert all(u.new for u, _ in after), "the shared copies of 1 may be gone: copy again"
+
+
+def test_a_savepoint_does_not_change_the_incremental_base(tmp_path: Path) -> None:
+    b = backend(tmp_path)
+    b.plan(1, [1, 2], True, "/chk-1", "/shared")
+    b.complete(1, is_savepoint=False)
+    b.plan(2, [1, 2], False, "/savepoint", "/shared")
+    b.complete(2, is_savepoint=True)
+    assert not any(u.new for u, _ in b.plan(3, [1, 2], True, "/chk-3", "/shared"))
+
+
+def test_an_aborted_checkpoint_confirms_nothing(tmp_path: Path) -> None:
+    b = backend(tmp_path)
+    b.plan(1, [1, 2], True, "/chk-1", "/shared")
+    b.abort(1)
+    b.complete(1, is_savepoint=False)  # a late completion of an aborted id has nothing to confirm
+    assert all(u.new for u, _ in b.plan(2, [1, 2], True, "/chk-2", "/shared"))
+
+
+def test_replaced_working_versions_are_deleted_once_no_snapshot_copies_from_them(
+    tmp_path: Path,
+) -> None:
+    b = backend(tmp_path)
+    old = tmp_path / "v1-1"
+    plan = b.plan(1, [1], True, "/chk-1", "/shared")
+    newer = tmp_path / "v2-1"
+    newer.write_bytes(b"z")
+    b.install(1, Version(str(newer), 1, 2))
+
+    assert b.collect_garbage() == [] and old.exists(), "pinned by the copy in progress"
+    b.release(s for _, s in plan)
+    assert b.collect_garbage() == [str(old)] and not old.exists()
+
+
+def test_restored_files_are_never_deleted_by_the_agent_and_shared_ones_are_the_base(
+    tmp_path: Path,
+) -> None:
+    b = StateBackend(str(tmp_path / "state"))
+    restored = tmp_path / "shared-1"
+    restored.write_bytes(b"r")
+    b.restore({1: (str(restored), 1)}, shared=True)
+    assert not any(u.new for u, _ in b.plan(5, [1], True, "/chk-5", "/shared"))
+    newer = tmp_path / "v1-1"
+    newer.write_bytes(b"n")
+    b.install(1, Version(str(newer), 1, 1))
+    b.collect_garbage()
+    assert restored.exists()
+
+    savepoint = StateBackend(str(tmp_path / "state2"))
+    savepoint.restore({1: (str(restored), 1)}, shared=False)
+    assert all(u.new for u, _ in savepoint.plan(5, [1], True, "/chk-5", "/shared"))
