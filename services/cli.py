@@ -282,7 +282,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from services import demo
 
-    demo.run(reachable(args.bootstrap) if args.bootstrap else None, args.partitions, args.once, say)
+    demo.run(
+        reachable(args.bootstrap) if args.bootstrap else None,
+        args.partitions,
+        args.once,
+        say,
+        args.rest_port,
+        args.exchange,
+    )
     return EXIT_OK
 
 
@@ -410,7 +417,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="what `make run` runs: everything embedded")
     add_bootstrap(demo)
     demo.add_argument("--partitions", type=positive_int, default=DEFAULT_PARTITIONS)
-    demo.add_argument("--once", action="store_true", help="exit after the scripted exchange")
+    demo.add_argument("--rest-port", type=port_number, default=8081)
+    demo.add_argument("--once", action="store_true", help="stop after three completed checkpoints")
+    demo.add_argument(
+        "--exchange",
+        action="store_true",
+        help="instead of the pipeline: a scripted exchange of every event type",
+    )
     demo.set_defaults(run=cmd_demo)
     return parser
 

@@ -1,20 +1,29 @@
 """`sparkpoint demo`: everything embedded, on one machine.
 
-What it runs today: the embedded broker, topic creation, and a scripted exchange that walks one
-job through the protocol (registration, a completed checkpoint, a runtime configuration change,
-a declined checkpoint, a failover request, a savepoint, the end of the job). Every event is
-published to its topic, read back from the broker and printed with where it landed. The
-coordinator and the Spark agent join the demo as they are built.
+It starts the embedded broker and creates the topics, then runs, as processes a user would start:
+a coordinator (REST and dashboard), the generator (payments at a steady rate) and the agent of the
+bundled example job on Spark. It prints the REST address and follows the job's checkpoints until
+Ctrl-C (or, with ``--once``, until three have completed), then stops everything cleanly.
+
+``--exchange`` instead walks one job through the protocol with a scripted exchange of every event
+type (registration, a completed checkpoint, a runtime configuration change, a declined checkpoint,
+a failover request, a savepoint, the end of the job): each event is published to its topic, read
+back from the broker and printed with where it landed.
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from services.common.avro import EventCodec
 from services.common.broker import EmbeddedBroker, free_port, port_is_free
@@ -37,6 +46,7 @@ from services.common.events import (
     NotifyCheckpointAborted,
     NotifyCheckpointComplete,
     RetainedCheckpoint,
+    SinkEpochPublished,
     SnapshotType,
     StateHandle,
     StateHandleKind,
@@ -59,6 +69,7 @@ from services.common.topics import (
     CONTROL,
     COORDINATORS,
     JOBS,
+    SINK_MARKERS,
     TopicSpec,
     create_topics,
     print_topics,
@@ -115,6 +126,7 @@ def scripted_exchange(job_id: str, now_ms: int) -> list[Step]:
         Step(ACKS, ack(1, subtasks[0])),
         Step(ACKS, ack(1, subtasks[1])),
         Step(CONTROL, NotifyCheckpointComplete(job_id, epoch, 1, False, f"{checkpoint_dir}/chk-1", t + 130)),
+        Step(SINK_MARKERS, SinkEpochPublished(job_id, "payment-stats", 1, 1_250, "agent-demo", t + 135)),
         Step(CHECKPOINT_EVENTS, CheckpointLifecycleEvent(
             job_id, epoch, 1, CheckpointEventType.COMPLETED, SnapshotType.CHECKPOINT, t + 130,
             external_path=f"{checkpoint_dir}/chk-1", duration_ms=120, state_size_bytes=96_000,
@@ -182,6 +194,8 @@ def describe(event: Event) -> str:
             return f"{event.principal} changed {', '.join(event.changed_fields)}: {event.old.checkpoint_timeout_ms} -> {event.new.checkpoint_timeout_ms} ms"
         case CheckpointLifecycleEvent():
             return f"checkpoint {event.checkpoint_id} {event.event_type.name}"
+        case SinkEpochPublished():
+            return f"sink {event.sink}: epoch {event.epoch} published ({event.records} records)"
         case CoordinatorAnnouncement():
             return (
                 f"{event.instance_id} serves {event.rest_url}, owns partitions {event.partitions}"
@@ -225,7 +239,21 @@ def wait_for_interrupt() -> None:
     stop.wait()
 
 
-def run(bootstrap: str | None, partitions: int, once: bool, say: Say) -> None:
+DEMO_DIR = Path(".sparkpoint/demo")
+CHECKPOINTS_TO_SHOW = 3
+"""``--once`` stops after this many completed checkpoints."""
+GENERATOR_RATE = 2_000
+"""Payments per second: enough to see state grow, little enough for a laptop's two cores."""
+
+
+def run(
+    bootstrap: str | None,
+    partitions: int,
+    once: bool,
+    say: Say,
+    rest_port: int = 8081,
+    exchange: bool = False,
+) -> None:
     codec = EventCodec()
     broker: EmbeddedBroker | None = None
     try:
@@ -237,11 +265,118 @@ def run(bootstrap: str | None, partitions: int, once: bool, say: Say) -> None:
         else:
             say(f"broker: {bootstrap}")
         print_topics(create_topics(make_admin(bootstrap), partitions=partitions), say)
-        run_exchange(bootstrap, codec, say)
-        if not once:
-            say(f"the broker stays up at {bootstrap}; Ctrl-C to stop")
-            wait_for_interrupt()
-            say("stopping")
+        if exchange:
+            run_exchange(bootstrap, codec, say)
+            if not once:
+                say(f"the broker stays up at {bootstrap}; Ctrl-C to stop")
+                wait_for_interrupt()
+                say("stopping")
+            return
+        run_pipeline(bootstrap, rest_port, once, say)
     finally:
         if broker is not None:
             broker.stop()
+
+
+def run_pipeline(bootstrap: str, rest_port: int, once: bool, say: Say) -> None:
+    """Coordinator, generator and agent as processes; follows the checkpoints over REST."""
+    from services.agent.example import example_job
+    from services.client import call
+
+    if not port_is_free(rest_port):
+        rest_port = free_port()
+    root = DEMO_DIR.resolve()
+    shutil.rmtree(root, ignore_errors=True)  # the broker is new and empty: so is the demo's state
+    root.mkdir(parents=True)
+    checkpoints, savepoints = root / "checkpoints", root / "savepoints"
+    config = root / "coordinator.yaml"
+    config.write_text(
+        f"execution.checkpointing.dir: {checkpoints}\nexecution.checkpointing.savepoint-dir: {savepoints}\n"
+    )
+    url = f"http://127.0.0.1:{rest_port}"
+    cli = [sys.executable, "-m", "services.cli", "-v"]
+    job = example_job()
+    processes: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(name: str, *args: str) -> None:
+        log = open(root / f"{name}.log", "wb")  # noqa: SIM115 (the process owns it)
+        processes.append(
+            (name, subprocess.Popen([*cli, *args], stdout=log, stderr=subprocess.STDOUT))
+        )
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        start(
+            "coordinator",
+            "coordinator",
+            "--bootstrap",
+            bootstrap,
+            "--rest-port",
+            str(rest_port),
+            "--config",
+            str(config),
+        )
+        start("generator", "generate", "--bootstrap", bootstrap, "--rate", str(GENERATOR_RATE))
+        start(
+            "agent",
+            "agent",
+            "example",
+            "--bootstrap",
+            bootstrap,
+            "--checkpoint-dir",
+            str(checkpoints),
+        )
+        say(f"coordinator: {url}  (dashboard: {url}/ , REST: {url}/jobs)")
+        say(f"generator: {GENERATOR_RATE} payments/s to topic payments")
+        say(f"agent: job {job.id} on Spark local[*], checkpoints every 3 s under {checkpoints}")
+        say(f"logs: {root}/{{coordinator,generator,agent}}.log")
+        say(
+            f"try: sparkpoint checkpoints {job.id} --rest {url}   |   sparkpoint savepoint {job.id} --rest {url}"
+        )
+        say("waiting for Spark to start (10-20 s); Ctrl-C to stop")
+        shown: set[int] = set()
+        completed = 0
+        while not stop.is_set():
+            for name, process in processes:
+                if process.poll() is not None:
+                    raise RuntimeError(
+                        f"the {name} exited ({process.returncode}); see {root}/{name}.log"
+                    )
+            try:
+                history = call(url, "GET", f"/jobs/{job.id}/checkpoints", timeout_s=2)["history"]
+            except Exception:  # not registered yet, or the coordinator is starting
+                history = []
+            for entry in sorted(history, key=lambda e: e["id"]):
+                if entry["id"] in shown or entry["status"] == "IN_PROGRESS":
+                    continue
+                shown.add(entry["id"])
+                say(describe_checkpoint(entry))
+                completed += entry["status"] == "COMPLETED"
+            if once and completed >= CHECKPOINTS_TO_SHOW:
+                break
+            stop.wait(1.0)
+        say("stopping")
+    finally:
+        for _, process in reversed(processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 30
+        for name, process in reversed(processes):
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                say(f"the {name} did not stop in time; killed")
+                process.kill()
+
+
+def describe_checkpoint(entry: dict[str, Any]) -> str:
+    kind = "savepoint" if entry.get("is_savepoint") else "checkpoint"
+    if entry["status"] == "COMPLETED":
+        return (
+            f"  {kind} {entry['id']} COMPLETED in {entry['end_to_end_duration']} ms, "
+            f"state {entry['state_size'] / 1024:.0f} KiB, {entry['num_acknowledged_subtasks']}/{entry['num_subtasks']} "
+            f"subtasks, {entry['external_path']}"
+        )
+    return f"  {kind} {entry['id']} {entry['status']}: {entry.get('failure_message', '')}"

@@ -81,7 +81,9 @@ class PaymentStats(KeyedFunction):
         state.put_in_map("windows", counts)
         latest = window.groupby(account).max()
         previous = state.value("latest_window").reindex(latest.index).astype("float64")
-        latest = pd.Series(np.fmax(latest.to_numpy("float64"), previous.to_numpy()), index=latest.index)
+        latest = pd.Series(
+            np.fmax(latest.to_numpy("float64"), previous.to_numpy()), index=latest.index
+        )
         state.update_value("latest_window", latest)
 
         windows = state.map("windows")

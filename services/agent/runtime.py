@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,9 @@ IDLE_WAIT_S = 0.05
 
 MAX_ROWS_PER_ROUND = 250_000
 """Rows a stage-2 task takes from its channel per round: bounds a round's latency and memory."""
+
+COPY_WAIT_S = 0.5
+"""How long the loop waits for snapshot copies before it goes on with the next round."""
 
 COPY_THREADS = 4
 """Threads copying state files for snapshots (the asynchronous phase): I/O bound."""
@@ -384,8 +388,11 @@ class Agent:
             if self._read_control(0):
                 return
             busy |= self._fetch()
+            if busy and self._read_control(0):  # a trigger that came during stage 1 goes now
+                return
             busy |= self._process()
             self._snapshot_aligned()
+            self._await_copies()
             self._send_acks()
             self.backend.collect_garbage()
             if self.source.finished() and not self.end_of_input and self._drained():
@@ -598,6 +605,14 @@ class Agent:
             write_file(manifest_path, json.dumps(manifest).encode())
         finally:
             self.backend.release(s for _, s in plan)
+
+    def _await_copies(self) -> None:
+        """Gives snapshot copies in flight a moment before the next round (local copies take
+        milliseconds; a round takes hundreds): acknowledgements then go out this round, while
+        slow storage still never holds the loop up for long."""
+        futures = [f for p in self.pending.values() for _, f, _, _ in p.copies]
+        if futures:
+            wait_for(futures, timeout=COPY_WAIT_S)
 
     def _send_acks(self) -> None:
         running = []

@@ -33,6 +33,7 @@ def spark_session(
     unless already set, or executors would import another Python without sparkpoint."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver binds to loopback anyway
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name).master(master)

@@ -32,7 +32,7 @@ def sparkpoint(
 
 
 def test_demo_prints_broker_topics_and_a_round_trip_of_every_event_type() -> None:
-    result = sparkpoint("demo", "--once")
+    result = sparkpoint("demo", "--exchange", "--once")
 
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -45,6 +45,27 @@ def test_demo_prints_broker_topics_and_a_round_trip_of_every_event_type() -> Non
         assert re.search(rf"sparkpoint\.{suffix}\s+cleanup\.policy={policy}", out)
     printed = set(re.findall(r"@\d+\s+(\w+)\s", out))
     assert printed == {cls.__name__ for cls in EVENT_TYPES}
+
+
+@pytest.mark.spark
+def test_the_demo_runs_coordinator_generator_and_agent_until_checkpoints_complete(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    result = subprocess.run(
+        [SPARKPOINT, "demo", "--once", "--rest-port", str(port)],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path, check=False,
+        env={k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"},
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert f"coordinator: http://127.0.0.1:{port}" in out
+    completed = re.findall(r"checkpoint (\d+) COMPLETED .* 4/4 subtasks, (\S+)", out)
+    assert len(completed) >= 3, out
+    assert out.rstrip().endswith("stopping")
+    for name in ("coordinator", "generator", "agent"):
+        assert (tmp_path / ".sparkpoint" / "demo" / f"{name}.log").is_file()
 
 
 def test_topics_create_is_idempotent(kafka: KafkaUnderTest) -> None:
