@@ -36,6 +36,7 @@ bench: install
 	$(BIN)/python bench/codec.py
 	$(BIN)/python bench/coordinator_core.py
 	$(BIN)/python bench/coordinator_latency.py
+	$(BIN)/python bench/pipeline.py
 
 # Regenerate the pinned lock from a fresh resolution of pyproject.toml's lower bounds.
 lock:

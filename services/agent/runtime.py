@@ -188,6 +188,8 @@ class Agent:
         self.records_out = 0
         self.completed_checkpoints: list[int] = []
         self.on_round: Callable[[Agent], None] | None = None
+        self.start_seconds = 0.0
+        """How long the last start took: restore, Spark warm-up, source positions, registration."""
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -299,6 +301,7 @@ class Agent:
         self._open_control()
         self._register(restored)
         self.status = JobStatus.RUNNING
+        self.start_seconds = time.monotonic() - started
         log.info(
             "job %s running: parallelism %d, %d key groups restored, started in %.1f s",
             self.job_id, self.parallelism, len(restored.key_groups) if restored else 0,
