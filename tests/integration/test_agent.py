@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -26,8 +27,9 @@ from services.agent.example import generate, payments, reference_output
 from services.agent.job import DeliveryGuarantee, Job
 from services.agent.runtime import Agent, AgentOptions
 from services.common.avro import EventCodec
-from services.common.events import JobStatus
-from services.common.kafka import consumer_config, true_end_offset
+from services.common.events import CheckpointFailureReason, FailoverRequest, JobStatus
+from services.common.kafka import EventPublisher, consumer_config, make_producer, true_end_offset
+from services.common.topics import CONTROL
 from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
 from tests.running_coordinator import Running, coordinator_in_thread, wait
@@ -317,3 +319,37 @@ def test_the_checkpoint_id_continues_above_the_restored_one(
         if "completed, epoch" in line
     ]
     assert completed and min(completed) > restored_from
+
+
+def test_a_failover_request_restarts_the_job_from_its_latest_checkpoint(
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
+) -> None:
+    output = unique("stats")
+    job = build(unique("failover"), payments_topic, output, max_records=150)
+    agent = Agent(
+        job,
+        AgentOptions(coordinator.bootstrap, checkpoint_dir=str(coordinator.root / "checkpoints")),
+        EventCodec(),
+        spark=spark,
+    )
+    publisher = EventPublisher(make_producer(coordinator.bootstrap), EventCodec())
+    sent: list[int] = []
+
+    def fail_once(running: Agent) -> None:
+        if not sent and running.completed_checkpoints:
+            owned = coordinator.service.jobs[job.id]
+            request = FailoverRequest(
+                job.id, owned.core.owner_epoch, CheckpointFailureReason.CHECKPOINT_EXPIRED,
+                "scripted", 3, int(time.time() * 1000),
+            )  # fmt: skip
+            publisher.publish_sync(CONTROL, job.id, request)
+            sent.append(running.completed_checkpoints[-1])
+
+    agent.on_round = fail_once
+    status = agent.run()
+    publisher.close()
+
+    assert status is JobStatus.FINISHED
+    assert sent and agent.attempt == 1, "the job restarted once"
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
