@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import platform
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import fastavro
+from recording import write_results
 
 from services.common.avro import HEADER_SIZE, EventCodec
 from services.common.events import AcknowledgeCheckpoint, StateHandle, StateHandleKind
 
-RESULTS = Path(__file__).resolve().parent / "results" / "codec.json"
 ROUNDS = 5
 ITERATIONS = 20_000
 
@@ -117,22 +114,14 @@ def main() -> None:
             name: {"round_trips_per_s": round(rates[name]), "bytes": sizes[name]} for name in rates
         },
         "sparkpoint_vs_json": round(rates["sparkpoint"] / rates["json"], 2),
-        "machine": {
-            "python": platform.python_version(),
-            "fastavro": fastavro.__version__,
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    path = write_results("codec", results)
     width = max(map(len, rates))
     print(f"codec: {results['event']}, {results['unit']}")
     for name in rates:
         print(f"  {name:<{width}}  {rates[name]:>10,.0f} /s  {sizes[name]:>5} bytes")
     print(f"  sparkpoint / json = {results['sparkpoint_vs_json']}")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -12,12 +12,10 @@ acknowledgements per second.
 from __future__ import annotations
 
 import heapq
-import json
-import os
-import platform
 import random
 import time
-from pathlib import Path
+
+from recording import write_results
 
 from services.common.clock import TimerQueue
 from services.common.events import (
@@ -37,7 +35,6 @@ from services.coordinator.commands import (
 from services.coordinator.coordinator import CheckpointCoordinator, JobInfo
 from services.coordinator.store import InMemoryCheckpointIdCounter
 
-RESULTS = Path(__file__).resolve().parent / "results" / "coordinator_core.json"
 JOBS = 1000
 SUBTASKS = 8
 INTERVAL_MS = 1000
@@ -142,15 +139,8 @@ def main() -> None:
         "wall_seconds_including_simulation": round(wall, 3),
         "target_acks_per_s": TARGET_ACKS_PER_S,
         "meets_target": acks_per_s >= TARGET_ACKS_PER_S,
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    path = write_results("coordinator_core", results)
     print(f"coordinator core: {results['setup']}")
     print(
         f"  {counted['ack']:,} acknowledgements, {counted['timer']:,} timer firings, {completed:,} checkpoints completed"
@@ -158,7 +148,7 @@ def main() -> None:
     print(f"  acknowledgements: {acks_per_s:,.0f} /s (target {TARGET_ACKS_PER_S:,})")
     print(f"  all decisions:    {results['decisions_per_s']:,} /s")
     print("  mean per call:    " + ", ".join(f"{k} {v} us" for k, v in results["mean_us"].items()))
-    print(f"wrote {RESULTS}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

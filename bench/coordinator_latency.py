@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
-import platform
-import statistics
 import tempfile
 import threading
 import time
@@ -28,6 +25,7 @@ import uuid
 from pathlib import Path
 
 from confluent_kafka import TopicPartition
+from recording import percentiles, write_results
 
 from services.common.avro import EventCodec
 from services.common.broker import EmbeddedBroker, free_port
@@ -53,7 +51,6 @@ from services.common.topics import ACKS, CONTROL, JOBS, create_topics
 from services.coordinator.main import serve
 from services.coordinator.service import CoordinatorService, ServiceSettings
 
-RESULTS = Path(__file__).resolve().parent / "results" / "coordinator_latency.json"
 PARTITIONS = 6
 WARMUP_S = 3.0
 
@@ -125,24 +122,6 @@ class FleetAgent:
         subscriber.close()
 
 
-def percentiles(values: list[int]) -> dict[str, float]:
-    if not values:
-        return {}
-    ordered = sorted(values)
-
-    def at(p: float) -> float:
-        return float(ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))])
-
-    return {
-        "count": len(values),
-        "p50": at(50),
-        "p90": at(90),
-        "p99": at(99),
-        "max": float(ordered[-1]),
-        "mean": round(statistics.fmean(values), 2),
-    }
-
-
 def scenario(
     bootstrap: str,
     codec: EventCodec,
@@ -212,16 +191,9 @@ def main() -> None:
         "benchmark": "coordinator_latency",
         "one_job_8_subtasks": one_job,
         "200_jobs_4_subtasks": many,
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    path = write_results("coordinator_latency", results)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

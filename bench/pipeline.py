@@ -13,20 +13,16 @@ Figures:
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import platform
 import shutil
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from recording import percentiles, write_results
 
-from bench.coordinator_latency import percentiles
 from services.agent.example import example_job, generate
 from services.agent.runtime import Agent, AgentOptions
 from services.agent.spark import spark_session
@@ -40,7 +36,6 @@ from services.coordinator.main import serve
 from services.coordinator.service import CoordinatorService, ServiceSettings
 
 RECORDS = 1_000_000
-RESULTS = Path(__file__).parent / "results" / "pipeline.json"
 SETTINGS = {
     "execution.checkpointing.interval": "1s",
     "execution.checkpointing.min-pause": "0ms",
@@ -115,16 +110,9 @@ def main() -> None:
         "seconds": round(elapsed, 1),
         "checkpoint_end_to_end_ms": checkpoints,
         "restore_seconds": restores,
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    path = write_results("pipeline", results)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
