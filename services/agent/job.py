@@ -196,7 +196,26 @@ class KafkaSource:
     topics: list[str]
     bounded: bool = False
     max_records_per_partition: int = 50_000
-    """At most this many records per partition and round (before backpressure shrinks it)."""
+    """At most this many records per partition and round."""
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """Parquet or JSON-lines files (an fsspec URL; glob patterns allowed), read once: a bounded
+    source, the job finishes after its final checkpoint. Each file is a split; its position (the
+    rows read) is carried in checkpoints."""
+
+    path: str
+    format: str = "parquet"
+    max_records_per_partition: int = 50_000
+
+    def __post_init__(self) -> None:
+        if self.format not in ("parquet", "json"):
+            raise ValueError(f"file source format must be parquet or json, got {self.format!r}")
+
+    @property
+    def bounded(self) -> bool:
+        return True
 
 
 @dataclass(frozen=True)
@@ -219,7 +238,7 @@ class FileSink:
     delivery_guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
 
 
-Source = KafkaSource
+Source = KafkaSource | FileSource
 Sink = KafkaSink | FileSink
 MapFunction = Callable[[pd.DataFrame], pd.DataFrame]
 

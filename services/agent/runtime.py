@@ -40,14 +40,20 @@ from typing import Any
 from confluent_kafka import TopicPartition
 from fsspec.core import url_to_fs
 
-from services.agent.channels import DEFAULT_CAPACITY_BYTES, DEFAULT_MEMORY_BUDGET_BYTES, Channel
+from services.agent.channels import (
+    DEFAULT_CAPACITY_BYTES,
+    DEFAULT_MEMORY_BUDGET_BYTES,
+    Channel,
+    Segment,
+)
 from services.agent.faults import crash_point
-from services.agent.job import FileSink, Job, KafkaSink
+from services.agent.job import FileSink, FileSource, Job, KafkaSink
 from services.agent.keygroups import key_group_range
 from services.agent.restore import NoCheckpoint, Restored, latest_checkpoint, load
 from services.agent.sinks import SinkWriter
 from services.agent.sinks.files import FileSinkWriter
 from services.agent.sinks.kafka import KafkaSinkWriter
+from services.agent.sources.files import FileSourceReader
 from services.agent.sources.kafka import KafkaSourceReader
 from services.agent.stages import (
     FetchResult,
@@ -133,6 +139,9 @@ class PendingSnapshot:
     )
     snapshotted: bool = False
     aligned_ms: int = 0
+    processed: dict[str, int] = field(default_factory=dict)
+    """Bytes each keyed subtask processed between the trigger and its alignment (Flink's
+    processedData)."""
 
 
 class Restart(Exception):
@@ -202,6 +211,17 @@ class Agent:
         if isinstance(sink, FileSink):
             return FileSinkWriter(sink, self.job_id)
         raise TypeError(f"unknown sink {sink!r}")
+
+    def _source_reader(self) -> KafkaSourceReader | FileSourceReader:
+        source = self.job.source
+        if isinstance(source, FileSource):
+            return FileSourceReader(source, self.parallelism)
+        return KafkaSourceReader(source, self.options.bootstrap, self.parallelism)
+
+    @property
+    def source_format(self) -> str:
+        source = self.job.source
+        return source.format if isinstance(source, FileSource) else "kafka"
 
     def _spark(self) -> Any:
         if self.spark is None:
@@ -279,9 +299,9 @@ class Agent:
             for i in range(self.parallelism)
         ]  # fmt: skip
         self.backend = StateBackend(self.state_dir)
-        self.source = KafkaSourceReader(self.job.source, self.options.bootstrap, self.parallelism)
+        self.source = self._source_reader()
         if restored is not None:
-            unknown = {t for t, _ in restored.positions} - set(self.job.source.topics)
+            unknown = {t for t, _ in restored.positions} - set(self.source.names)
             if unknown and not self.options.allow_non_restored_state:
                 raise ValueError(
                     f"the snapshot has positions of topics {sorted(unknown)} that the job does not read; "
@@ -434,7 +454,7 @@ class Agent:
             FetchTask(
                 self.options.bootstrap, topic, partition, self.source.positions[(topic, partition)],
                 self.source.ends.get((topic, partition)), limit, self.job.key,
-                self.max_parallelism, self.parallelism,
+                self.max_parallelism, self.parallelism, self.source_format,
             )
             for topic, partition in partitions
         ]  # fmt: skip
@@ -483,7 +503,7 @@ class Agent:
             versions = {g: v.path for g, v in self.backend.versions.items() if g in self.ranges[i]}
             tasks.append(
                 ProcessTask(
-                    i, [s.payload() for s in taken[i]], versions, self.state_dir, version,
+                    i, [self._shippable(s) for s in taken[i]], versions, self.state_dir, version,
                     output_file(self.sink_dir, self.rounds, i), end_of_input,
                 )
             )  # fmt: skip
@@ -498,6 +518,11 @@ class Agent:
             for group, (path, size) in result.new_versions.items():
                 self.backend.install(group, Version(path, size, version))
             self.channels[result.subtask].consumed(taken[result.subtask])
+            size = sum(segment.size for segment in taken[result.subtask])
+            for pending in self.pending.values():
+                if not pending.snapshotted:
+                    key = f"keyed-{result.subtask}"
+                    pending.processed[key] = pending.processed.get(key, 0) + size
             if result.output_path is not None:
                 outputs.append(result.output_path)
                 self.records_out += result.output_rows
@@ -509,6 +534,14 @@ class Agent:
                 self.sink.write_now(outputs)
                 self._delete(outputs)
         return True
+
+    def _shippable(self, segment: Segment) -> bytes | str:
+        """A segment as a stage-2 task gets it: spilled segments are read from the driver's
+        local disk by the task itself on a local master, and shipped as bytes otherwise."""
+        payload = segment.payload()
+        if isinstance(payload, str) and not self.options.master.startswith("local"):
+            return Path(payload).read_bytes()
+        return payload
 
     def _finish_input(self) -> None:
         """Bounded sources are read to their end and everything is processed: the keyed
@@ -680,7 +713,8 @@ class Agent:
         alignment_ms = pending.aligned_ms if subtask.startswith("keyed") else 0
         ack = AcknowledgeCheckpoint(
             self.job_id, trigger.checkpoint_id, subtask, self.attempt, now_ms(), handles, state_size,
-            max(0, alignment_ms), sync_ms, async_ms, 0, False, checkpointed, 0,
+            max(0, alignment_ms), sync_ms, async_ms, 0, False, checkpointed,
+            pending.processed.get(subtask, 0),
         )  # fmt: skip
         self.publisher.publish_nowait(ACKS, self.job_id, ack)
         pending.acked.add(subtask)

@@ -53,6 +53,8 @@ class FetchTask:
     key: str
     max_parallelism: int
     parallelism: int
+    format: str = "kafka"
+    """kafka (``topic`` and ``partition``), or parquet / json (``topic`` is a file URL)."""
 
 
 @dataclass(frozen=True)
@@ -145,9 +147,28 @@ def from_ipc(payload: bytes | str) -> pd.DataFrame:
     return ipc.open_stream(pa.BufferReader(data)).read_all().to_pandas()
 
 
+def read_file_rows(task: FetchTask) -> tuple[pd.DataFrame, int]:
+    """Rows ``start`` to ``start + max_records`` (at most ``end``) of a Parquet or JSON-lines file."""
+    import pyarrow.parquet as pq
+
+    data = read_file(task.topic)
+    if task.format == "parquet":
+        table = pq.read_table(pa.BufferReader(data))
+    else:
+        table = pajson.read_json(io.BytesIO(data))
+    stop = min(task.end if task.end is not None else table.num_rows, task.start + task.max_records)
+    return table.slice(task.start, max(0, stop - task.start)).to_pandas(), max(task.start, stop)
+
+
 def fetch_and_partition(task: FetchTask, map_function: MapFunction) -> FetchResult:
-    values, offsets, next_offset = read_range(task)
-    frame, malformed = parse_json(values, offsets)
+    malformed: list[tuple[int, str]] = []
+    if task.format == "kafka":
+        values, offsets, next_offset = read_range(task)
+        frame, malformed = parse_json(values, offsets)
+        records = len(values)
+    else:
+        frame, next_offset = read_file_rows(task)
+        records = len(frame)
     segments: list[tuple[int, bytes, int]] = []
     if len(frame):
         frame = map_function(frame)
@@ -161,9 +182,7 @@ def fetch_and_partition(task: FetchTask, map_function: MapFunction) -> FetchResu
         frame = frame.assign(**{KEY_GROUP_COLUMN: groups})
         for subtask, part in frame.groupby(subtasks, sort=True):
             segments.append((int(subtask), to_ipc(part.reset_index(drop=True)), len(part)))
-    return FetchResult(
-        task.topic, task.partition, next_offset, len(values), segments, malformed[:10]
-    )
+    return FetchResult(task.topic, task.partition, next_offset, records, segments, malformed[:10])
 
 
 # --- stage 2 ------------------------------------------------------------------------------------

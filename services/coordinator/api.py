@@ -221,6 +221,12 @@ def create_app(service: CoordinatorService) -> FastAPI:
         except UnknownJob:
             raise NotHere(job_id) from None
 
+    def known(job_id: str) -> OwnedJob:
+        """A running job, or one that ended here: its statistics stay readable, as Flink keeps
+        a finished job's checkpoint history."""
+        ended = service.ended.get(job_id)
+        return ended if ended is not None and job_id not in service.jobs else owned(job_id)
+
     @app.get("/jobs")
     async def jobs() -> dict[str, Any]:
         listed = [
@@ -231,7 +237,7 @@ def create_app(service: CoordinatorService) -> FastAPI:
 
     @app.get("/jobs/{jobid}/checkpoints/config")
     async def checkpoint_config(jobid: str) -> dict[str, Any]:
-        return config_json(owned(jobid).core.config)
+        return config_json(known(jobid).core.config)
 
     @app.patch("/jobs/{jobid}/checkpoints/configuration")
     async def update_configuration(
@@ -267,7 +273,7 @@ def create_app(service: CoordinatorService) -> FastAPI:
 
     @app.get("/jobs/{jobid}/checkpoints/details/{checkpointid}")
     async def details(jobid: str, checkpointid: int) -> dict[str, Any]:
-        found = owned(jobid).core.stats.details(checkpointid)
+        found = known(jobid).core.stats.details(checkpointid)
         if found is None:
             raise HTTPException(
                 404, f"Checkpoint {checkpointid} of job {jobid} not found in the history"
@@ -276,7 +282,7 @@ def create_app(service: CoordinatorService) -> FastAPI:
 
     @app.get("/jobs/{jobid}/checkpoints")
     async def checkpoints(jobid: str) -> dict[str, Any]:
-        return owned(jobid).core.stats.to_json()
+        return known(jobid).core.stats.to_json()
 
     @app.post("/jobs/{jobid}/checkpoints")
     async def trigger_checkpoint(

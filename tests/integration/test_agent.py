@@ -16,15 +16,17 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from services.agent.example import generate, payments, reference_output
-from services.agent.job import DeliveryGuarantee, Job
+from services.agent.job import DeliveryGuarantee, FileSource, Job
 from services.agent.runtime import Agent, AgentOptions
 from services.common.avro import EventCodec
 from services.common.events import CheckpointFailureReason, FailoverRequest, JobStatus
@@ -180,6 +182,9 @@ def test_a_bounded_job_commits_exactly_the_reference_and_finishes(
     assert agent.completed_checkpoints, "the final checkpoint completed"
     wait(lambda: job.id in coordinator.service.ended, what="the coordinator saw FINISHED")
     assert coordinator.service.ended[job.id].status is JobStatus.FINISHED
+    with coordinator.client() as client:  # a finished job's checkpoint history stays readable
+        history = client.get(f"/jobs/{job.id}/checkpoints").json()
+    assert history["counts"]["completed"] >= 1
 
 
 def test_the_file_sink_commits_part_files_exactly_once(
@@ -351,5 +356,87 @@ def test_a_failover_request_restarts_the_job_from_its_latest_checkpoint(
 
     assert status is JobStatus.FINISHED
     assert sent and agent.attempt == 1, "the job restarted once"
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+
+
+def test_a_file_source_is_read_to_its_end_and_the_job_finishes(
+    coordinator: Running, spark: Any, expected: list[Output], tmp_path: Path
+) -> None:
+    """Accounts are split across the files (as Kafka partitions split keys): order is kept
+    within a file, so one account's payments are in one file."""
+    frame = pd.DataFrame([p.__dict__ for p in payments(RECORDS)])
+    first = frame["account"].str[-1].astype(int) % 2 == 0
+    frame[first].to_parquet(tmp_path / "payments-0.parquet")
+    frame[~first].to_json(tmp_path / "payments-1.json", orient="records", lines=True)
+    output = unique("stats")
+    parquet = build(unique("parquet"), "unused", output)
+    job = replace(
+        parquet,
+        source=FileSource(str(tmp_path / "payments-0.parquet"), "parquet", 1_000),
+    )
+    status, _ = run_in_process(job, coordinator, spark)
+    assert status is JobStatus.FINISHED
+    json_job = replace(
+        parquet,
+        name=unique("json"),
+        source=FileSource(str(tmp_path / "payments-1.json"), "json", 1_000),
+    )
+    status, _ = run_in_process(json_job, coordinator, spark)
+    assert status is JobStatus.FINISHED
+
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+
+
+def test_a_savepoint_then_stop_with_savepoint_and_a_restore_from_it_with_parallelism_3(
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
+) -> None:
+    output = unique("stats")
+    job = build(unique("savepoints"), payments_topic, output, max_records=100)
+    target = str(coordinator.root / "savepoints")
+    requests: dict[str, str] = {}
+    client = coordinator.client()
+
+    def operate(agent: Agent) -> None:
+        if "savepoint" not in requests and agent.completed_checkpoints:
+            body = {"target-directory": target, "cancel-job": False}
+            answer = client.post(f"/jobs/{job.id}/savepoints", json=body).json()
+            requests["savepoint"] = answer["request-id"]
+        elif (
+            "savepoint" in requests
+            and "stop" not in requests
+            and len(agent.completed_checkpoints) >= 3
+        ):
+            answer = client.post(f"/jobs/{job.id}/stop", json={"targetDirectory": target}).json()
+            requests["stop"] = answer["request-id"]
+
+    agent = Agent(
+        job,
+        AgentOptions(coordinator.bootstrap, checkpoint_dir=str(coordinator.root / "checkpoints")),
+        EventCodec(),
+        spark=spark,
+    )
+    agent.on_round = operate
+    status = agent.run()
+    assert status is JobStatus.FINISHED and "stop" in requests
+    assert not agent.source.finished(), "stopped before the end of its input"
+
+    def location(trigger: str) -> str:
+        answer = client.get(f"/jobs/{job.id}/savepoints/{trigger}").json()
+        assert answer["status"]["id"] == "COMPLETED", answer
+        return str(answer["operation"]["location"])
+
+    first, stopped = location(requests["savepoint"]), location(requests["stop"])
+    for savepoint in (first, stopped):
+        metadata = json.loads((Path(savepoint) / "_metadata").read_text())
+        paths = [h["path"] for s in metadata["subtasks"] for h in s["state_handles"]]
+        assert paths and all(p.startswith(savepoint + "/") for p in paths), "self-contained"
+    listed = client.get(f"/jobs/{job.id}/savepoints").json()
+    assert {first, stopped} <= {s["location"] for s in listed["savepoints"]}
+
+    status, restored = run_in_process(job, coordinator, spark, restore=stopped, parallelism=3)
+    client.close()
+    assert status is JobStatus.FINISHED and restored.parallelism == 3
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)

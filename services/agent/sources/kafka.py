@@ -38,6 +38,10 @@ class KafkaSourceReader:
                 raise ValueError(f"source topic {topic} does not exist (create it first)")
             self.partitions += [(topic, p) for p in sorted(metadata.partitions)]
 
+    @property
+    def names(self) -> list[str]:
+        return list(self.source.topics)
+
     def start(self, restored: dict[Partition, int] | None) -> None:
         """Positions from a checkpoint, else the earliest offset of every partition."""
         for partition in self.partitions:
