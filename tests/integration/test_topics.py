@@ -17,7 +17,9 @@ CONTRACT = {
     "config-changes": "delete",
     "checkpoint-events": "delete",
     "checkpoint-store": "compact",
+    # additions to the contract's table: coordinator announcements, exactly-once sink markers
     "coordinators": "compact",
+    "sink-markers": "compact",
 }
 
 
