@@ -196,6 +196,7 @@ class Agent:
         self.records_in = 0
         self.records_out = 0
         self.completed_checkpoints: list[int] = []
+        self.aborted_checkpoints: list[int] = []
         self.on_round: Callable[[Agent], None] | None = None
         self.start_seconds = 0.0
         """How long the last start took: restore, Spark warm-up, source positions, registration."""
@@ -436,6 +437,10 @@ class Agent:
             ):
                 return True
         return False
+
+    def staged_outputs(self) -> list[str]:
+        """Staged output files not yet published (exactly-once sinks), oldest epoch first."""
+        return [o for epoch in sorted(self.sealed) for o in self.sealed[epoch]] + self.unsealed
 
     def _drained(self) -> bool:
         return all(not c.segments for c in self.channels)
@@ -778,6 +783,7 @@ class Agent:
 
     def _on_aborted(self, event: NotifyCheckpointAborted) -> None:
         checkpoint_id = event.checkpoint_id
+        self.aborted_checkpoints.append(checkpoint_id)
         self.backend.abort(checkpoint_id)
         pending = self.pending.pop(checkpoint_id, None)
         if pending is not None:

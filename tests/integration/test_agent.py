@@ -440,3 +440,46 @@ def test_a_savepoint_then_stop_with_savepoint_and_a_restore_from_it_with_paralle
     assert status is JobStatus.FINISHED and restored.parallelism == 3
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
+
+
+def test_expired_checkpoints_fold_their_output_into_the_next_epoch_and_nothing_is_lost(
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
+) -> None:
+    """Checkpoints expire (timeout 1 ms) until a PATCH gives them time: the epochs of the
+    aborted ones are published with the next completed checkpoint, exactly once."""
+    output = unique("stats")
+    settings = {
+        "execution.checkpointing.timeout": "1ms",
+        "execution.checkpointing.tolerable-failed-checkpoints": "1000",
+    }
+    job = build(unique("expiring"), payments_topic, output, max_records=100, settings=settings)
+    patched: list[int] = []
+    client = coordinator.client()
+
+    def extend_after_two_aborts(agent: Agent) -> None:
+        if not patched and len(agent.aborted_checkpoints) >= 2:
+            answer = client.patch(
+                f"/jobs/{job.id}/checkpoints/configuration", json={"checkpointTimeout": 60_000}
+            )
+            assert answer.status_code == 200, answer.text
+            patched.append(len(agent.staged_outputs()))
+
+    agent = Agent(
+        job,
+        AgentOptions(coordinator.bootstrap, checkpoint_dir=str(coordinator.root / "checkpoints")),
+        EventCodec(),
+        spark=spark,
+    )
+    agent.on_round = extend_after_two_aborts
+    status = agent.run()
+
+    assert status is JobStatus.FINISHED and patched
+    assert patched[0] > 0, "output of aborted epochs was waiting, staged"
+    assert agent.completed_checkpoints and min(agent.completed_checkpoints) > min(
+        agent.aborted_checkpoints
+    )
+    history = client.get(f"/jobs/{job.id}/checkpoints").json()
+    client.close()
+    assert history["counts"]["failed"] >= 2
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
