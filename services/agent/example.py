@@ -188,30 +188,34 @@ def generate(
     progress: bool = False,
 ) -> int:
     """Writes payments keyed by account (acks=all); ``rate`` events per second, or as fast as
-    possible. Returns how many were written."""
+    possible; until ``count`` or Ctrl-C. Returns how many were written (all delivered)."""
     ensure_topic(bootstrap, topic)
     config = producer_config(bootstrap, client_id="sparkpoint-generator") | {"linger.ms": 20}
     producer = Producer(config)
     started = time.monotonic()
     written = 0
-    for payment in payments(count, start_id, seed):
-        while True:
-            try:
-                producer.produce(topic, value=payment.to_json(), key=payment.account.encode())
-                break
-            except BufferError:
-                producer.poll(0.05)
-        written += 1
-        if rate:
-            ahead = written / rate - (time.monotonic() - started)
-            if ahead > 0:
-                producer.poll(min(ahead, 0.5))
-        if written % 10_000 == 0:
-            producer.poll(0)
-            if progress:
-                log.info("generated %d payments", written)
-    if producer.flush(60):
-        raise RuntimeError("payments left undelivered")
+    try:
+        for payment in payments(count, start_id, seed):
+            while True:
+                try:
+                    producer.produce(topic, value=payment.to_json(), key=payment.account.encode())
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            written += 1
+            if rate:
+                ahead = written / rate - (time.monotonic() - started)
+                if ahead > 0:
+                    producer.poll(min(ahead, 0.5))
+            if written % 10_000 == 0:
+                producer.poll(0)
+                if progress:
+                    log.info("generated %d payments", written)
+    except KeyboardInterrupt:
+        log.info("interrupted after %d payments; flushing", written)
+    undelivered = producer.flush(60)
+    if undelivered:
+        raise RuntimeError(f"{undelivered} payments left undelivered")
     return written
 
 

@@ -6,7 +6,7 @@ import logging
 
 from services.agent.job import load_job
 from services.agent.restore import NoCheckpoint
-from services.agent.runtime import Agent, AgentOptions, install_signal_handlers
+from services.agent.runtime import Agent, AgentOptions
 from services.common.avro import EventCodec
 from services.common.events import JobStatus
 
@@ -24,7 +24,7 @@ def run(spec: str, options: AgentOptions, say: object = print) -> JobStatus:
         raise AgentFailed(f"cannot load job {spec!r}: {exc}") from None
     _pickle_by_value(job)
     agent = Agent(job, options, EventCodec())
-    install_signal_handlers(agent)
+    agent.handle_signals = True
     say(  # type: ignore[operator]
         f"agent {agent.agent_id}: job {job.id} ({job.name}), parallelism {agent.parallelism}, "
         f"max parallelism {agent.max_parallelism}, checkpoints under {agent.checkpoint_dir}"

@@ -199,6 +199,8 @@ class Agent:
         self.aborted_checkpoints: list[int] = []
         self.on_round: Callable[[Agent], None] | None = None
         self.start_seconds = 0.0
+        self.handle_signals = False
+        """Ctrl-C and SIGTERM cancel the job cleanly (the command line sets this)."""
         """How long the last start took: restore, Spark warm-up, source positions, registration."""
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -237,6 +239,8 @@ class Agent:
         """Starts Spark and its Python workers before the job registers: a session takes 10 s or
         more to its first result, and triggers must not wait for that."""
         sc = self._spark().sparkContext
+        if self.handle_signals:  # after the SparkContext: it installs a SIGINT handler of its own
+            install_signal_handlers(self)
         sc.setJobDescription("warm-up")
         sc.parallelize(range(self.parallelism), self.parallelism).map(lambda x: x).collect()
 
