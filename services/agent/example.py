@@ -131,7 +131,12 @@ def example_job(
         function=PaymentStats(),
         sink=KafkaSink(output_topic),
         parallelism=parallelism,
-        settings={"execution.checkpointing.interval": "3s", **(settings or {})},
+        settings={
+            "execution.checkpointing.interval": "3s",
+            # a cancelled (Ctrl-C, docker stop) job keeps its checkpoints: --restore latest resumes
+            "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
+            **(settings or {}),
+        },
     )
 
 
