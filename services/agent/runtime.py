@@ -197,6 +197,7 @@ class Agent:
         self.records_out = 0
         self.completed_checkpoints: list[int] = []
         self.aborted_checkpoints: list[int] = []
+        self.declined_checkpoints: list[int] = []
         self.on_round: Callable[[Agent], None] | None = None
         self.start_seconds = 0.0
         self.handle_signals = False
@@ -744,6 +745,7 @@ class Agent:
             now_ms(),
             message,
         )
+        self.declined_checkpoints.append(pending.trigger.checkpoint_id)
         self.publisher.publish_nowait(ACKS, self.job_id, decline)
         self.publisher.producer.poll(0)
 

@@ -29,9 +29,20 @@ from services.agent.example import generate, payments, reference_output
 from services.agent.job import DeliveryGuarantee, FileSource, Job
 from services.agent.runtime import Agent, AgentOptions
 from services.common.avro import EventCodec
-from services.common.events import CheckpointFailureReason, FailoverRequest, JobStatus
-from services.common.kafka import EventPublisher, consumer_config, make_producer, true_end_offset
-from services.common.topics import CONTROL
+from services.common.events import (
+    CheckpointFailureReason,
+    CheckpointLifecycleEvent,
+    FailoverRequest,
+    JobStatus,
+)
+from services.common.kafka import (
+    EventPublisher,
+    consumer_config,
+    make_producer,
+    replay_topic,
+    true_end_offset,
+)
+from services.common.topics import CHECKPOINT_EVENTS, CONTROL
 from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
 from tests.running_coordinator import Running, coordinator_in_thread, wait
@@ -481,5 +492,46 @@ def test_expired_checkpoints_fold_their_output_into_the_next_epoch_and_nothing_i
     history = client.get(f"/jobs/{job.id}/checkpoints").json()
     client.close()
     assert history["counts"]["failed"] >= 2
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+
+
+def test_a_snapshot_that_cannot_be_written_is_declined_and_later_checkpoints_complete(
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
+) -> None:
+    """A plain file where the shared directory belongs: copies fail even for root, subtasks
+    decline (CHECKPOINT_ASYNC_EXCEPTION); once it is gone, checkpoints complete again."""
+    output = unique("stats")
+    settings = {"execution.checkpointing.tolerable-failed-checkpoints": "1000"}
+    job = build(unique("declining"), payments_topic, output, max_records=100, settings=settings)
+    blocker = coordinator.root / "checkpoints" / job.id / "shared"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a directory")
+
+    def unblock_after_two_declines(agent: Agent) -> None:
+        if blocker.is_file() and len(set(agent.declined_checkpoints)) >= 2:
+            blocker.unlink()
+
+    agent = Agent(
+        job,
+        AgentOptions(coordinator.bootstrap, checkpoint_dir=str(coordinator.root / "checkpoints")),
+        EventCodec(),
+        spark=spark,
+    )
+    agent.on_round = unblock_after_two_declines
+    status = agent.run()
+
+    assert status is JobStatus.FINISHED and not blocker.is_file()
+    events = replay_topic(coordinator.bootstrap, EventCodec(), CHECKPOINT_EVENTS)
+    reasons = {
+        e.checkpoint_id: e.failure_reason
+        for r in events
+        if isinstance(e := r.event, CheckpointLifecycleEvent) and e.job_id == job.id
+    }
+    for declined in set(agent.declined_checkpoints):
+        assert reasons[declined] is CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION
+    assert agent.completed_checkpoints and max(agent.completed_checkpoints) > max(
+        agent.declined_checkpoints
+    )
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
