@@ -50,7 +50,7 @@ from services.agent.faults import crash_point
 from services.agent.job import FileSink, FileSource, Job, KafkaSink
 from services.agent.keygroups import key_group_range
 from services.agent.restore import NoCheckpoint, Restored, latest_checkpoint, load
-from services.agent.sinks import SinkWriter
+from services.agent.sinks import EpochCommitter, SinkWriter
 from services.agent.sinks.files import FileSinkWriter
 from services.agent.sinks.kafka import KafkaSinkWriter
 from services.agent.sources.files import FileSourceReader
@@ -64,7 +64,15 @@ from services.agent.stages import (
     output_file,
     process_subtask,
 )
-from services.agent.state import StateBackend, Upload, Version, copy_file, job_dirs, write_file
+from services.agent.state import (
+    StateBackend,
+    Upload,
+    Version,
+    copy_file,
+    delete_files,
+    job_dirs,
+    write_file,
+)
 from services.common.avro import EventCodec
 from services.common.events import (
     AcknowledgeCheckpoint,
@@ -185,6 +193,7 @@ class Agent:
         self.copier = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="snapshot-copy")
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"sparkpoint-{self.job_id}-"))
         self.sink: SinkWriter = self._sink_writer()
+        self.committer = EpochCommitter(self.sink, self.job_id)
         self.subtasks = [f"source-{i}" for i in range(self.parallelism)] + [
             f"keyed-{i}" for i in range(self.parallelism)
         ]
@@ -279,6 +288,7 @@ class Agent:
 
     def _close(self) -> None:
         self.copier.shutdown(wait=True)
+        self.committer.close()
         self.sink.close()
         self.publisher.close(10)
         for closable in ("control", "source"):
@@ -291,6 +301,7 @@ class Agent:
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def _reset(self) -> None:
+        self.committer.drain()  # completed epochs first; the restore publishes nothing twice
         for resource in ("control", "source"):
             getattr(self, resource).close()
         for channel in self.channels:
@@ -410,9 +421,9 @@ class Agent:
     def _loop(self) -> None:
         while True:
             if self.stopping.is_set():
-                self._announce(JobStatus.CANCELED)
-                self.status = JobStatus.CANCELED
+                self._end(JobStatus.CANCELED)
                 return
+            self.committer.check()
             busy = False
             if self._read_control(0):
                 return
@@ -542,7 +553,7 @@ class Agent:
                 self.unsealed.extend(outputs)
             else:
                 self.sink.write_now(outputs)
-                self._delete(outputs)
+                delete_files(outputs)
         return True
 
     def _shippable(self, segment: Segment) -> bytes | str:
@@ -664,7 +675,7 @@ class Agent:
         running = []
         for future, plan in self.orphans:  # copies of aborted snapshots: nobody references them
             if future.done():
-                self._delete([u.path for u, s in plan if s is not None])
+                delete_files([u.path for u, s in plan if s is not None])
             else:
                 running.append((future, plan))
         self.orphans = running
@@ -754,18 +765,11 @@ class Agent:
         pending = self.pending.pop(checkpoint_id, None)
         self.backend.complete(checkpoint_id, event.is_savepoint)
         crash_point("after-complete")
+        log.info("job %s: checkpoint %d completed", self.job_id, checkpoint_id)
         for epoch in sorted(e for e in self.sealed if e <= checkpoint_id):
             outputs = self.sealed.pop(epoch)
             if outputs:
-                count = self.sink.publish_epoch(epoch, sorted(outputs))
-                log.info(
-                    "job %s: checkpoint %d completed, epoch %d committed (%d records)",
-                    self.job_id,
-                    checkpoint_id,
-                    epoch,
-                    count,
-                )
-                self._delete(outputs)
+                self.committer.submit(epoch, outputs)
         self.completed_checkpoints.append(checkpoint_id)
         for older in [c for c in self.pending if c < checkpoint_id and self.pending[c].snapshotted]:
             self.pending.pop(older)  # subsumed: Flink's notifyCheckpointComplete covers them
@@ -783,6 +787,7 @@ class Agent:
         return False
 
     def _end(self, status: JobStatus) -> bool:
+        self.committer.drain()  # the job ends once every completed epoch is visible
         self._announce(status)
         self.status = status
         return True
@@ -811,16 +816,6 @@ class Agent:
                 event.reason.name,
             )
             self._announce(JobStatus.RUNNING, end_of_input=True)
-
-    def _delete(self, paths: list[str]) -> None:
-        for path in paths:
-            try:
-                fs, target = url_to_fs(path)
-                fs.rm(target)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                log.warning("could not delete %s: %s", path, exc)
 
 
 def install_signal_handlers(agent: Agent) -> None:

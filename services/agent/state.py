@@ -114,6 +114,18 @@ def copy_file(source: str, target: str) -> int:
     return len(data)
 
 
+def delete_files(paths: Iterable[str]) -> None:
+    """Deletes files that may already be gone; other failures are logged, never raised."""
+    for path in paths:
+        try:
+            fs, target = fsspec.core.url_to_fs(path)
+            fs.rm(target)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("could not delete %s: %s", path, exc)
+
+
 def working_path(state_dir: str, group: int, version: int) -> str:
     return f"{state_dir}/kg-{group:05d}/v{version:08d}-{uuid.uuid4().hex[:8]}.arrow"
 
@@ -244,14 +256,7 @@ class StateBackend:
         with self._lock:
             free = [p for p in self._garbage if p not in self._pins]
             self._garbage = [p for p in self._garbage if p in self._pins]
-        for path in free:
-            try:
-                fs, target = fsspec.core.url_to_fs(path)
-                fs.rm(target)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                log.warning("could not delete working state file %s: %s", path, exc)
+        delete_files(free)
         return free
 
     def state_size(self, groups: Iterable[int]) -> int:

@@ -329,11 +329,7 @@ def test_the_checkpoint_id_continues_above_the_restored_one(
     )
     second = agent_process(coordinator, name, payments_topic, output, "--restore", "latest")
     assert second.returncode == 0, second.stderr[-3000:]
-    completed = [
-        int(line.split("checkpoint ")[1].split()[0])
-        for line in second.stderr.splitlines()
-        if "completed, epoch" in line
-    ]
+    completed = [int(n) for n in re.findall(r"checkpoint (\d+) completed", second.stderr)]
     assert completed and min(completed) > restored_from
 
 
