@@ -115,19 +115,22 @@ def difference(got: list[Output], want: list[Output]) -> str:
     return f"{sum(missing.values())} missing (e.g. {list(missing)[:2]}), {sum(extra.values())} duplicated or wrong (e.g. {list(extra)[:2]})"
 
 
-def run_in_process(
-    job: Job, coordinator: Running, spark: Any, **options: Any
-) -> tuple[JobStatus, Agent]:
-    agent = Agent(
+def in_process(job: Job, coordinator: Running, spark: Any, **options: Any) -> Agent:
+    """An agent in this process, on the session's Spark, checkpointing under the coordinator's
+    storage root."""
+    checkpoints = str(coordinator.root / "checkpoints")
+    return Agent(
         job,
-        AgentOptions(
-            coordinator.bootstrap,
-            checkpoint_dir=str(coordinator.root / "checkpoints"),
-            **options,
-        ),
+        AgentOptions(coordinator.bootstrap, checkpoint_dir=checkpoints, **options),
         EventCodec(),
         spark=spark,
     )
+
+
+def run_in_process(
+    job: Job, coordinator: Running, spark: Any, **options: Any
+) -> tuple[JobStatus, Agent]:
+    agent = in_process(job, coordinator, spark, **options)
     result: list[JobStatus] = []
     thread = threading.Thread(target=lambda: result.append(agent.run()), daemon=True)
     thread.start()
@@ -222,24 +225,12 @@ def test_records_spill_to_disk_beyond_the_memory_budget_and_backpressure_holds_t
             (sum(c.spilled_total for c in agent.channels), any(c.full for c in agent.channels))
         )
 
-    agent_status, agent = None, None
-    options: dict[str, Any] = {
-        "memory_budget_bytes": 1,
-        "capacity_bytes": 1,
-        "max_rows_per_round": 400,
-    }
-    agent = Agent(
-        job,
-        AgentOptions(
-            coordinator.bootstrap, checkpoint_dir=str(coordinator.root / "checkpoints"), **options
-        ),
-        EventCodec(),
-        spark=spark,
+    agent = in_process(
+        job, coordinator, spark, memory_budget_bytes=1, capacity_bytes=1, max_rows_per_round=400
     )
     agent.on_round = watch
-    agent_status = agent.run()
 
-    assert agent_status is JobStatus.FINISHED
+    assert agent.run() is JobStatus.FINISHED
     assert read_output(coordinator.bootstrap, output) == expected
     assert seen[-1][0] > 0, "segments went to disk"
     assert any(full for _, full in seen), "a full channel was reported (the source paused)"
@@ -338,12 +329,7 @@ def test_a_failover_request_restarts_the_job_from_its_latest_checkpoint(
 ) -> None:
     output = unique("stats")
     job = build(unique("failover"), payments_topic, output, max_records=150)
-    agent = Agent(
-        job,
-        AgentOptions(coordinator.bootstrap, checkpoint_dir=str(coordinator.root / "checkpoints")),
-        EventCodec(),
-        spark=spark,
-    )
+    agent = in_process(job, coordinator, spark)
     publisher = EventPublisher(make_producer(coordinator.bootstrap), EventCodec())
     sent: list[int] = []
 
@@ -418,12 +404,7 @@ def test_a_savepoint_then_stop_with_savepoint_and_a_restore_from_it_with_paralle
             answer = client.post(f"/jobs/{job.id}/stop", json={"targetDirectory": target}).json()
             requests["stop"] = answer["request-id"]
 
-    agent = Agent(
-        job,
-        AgentOptions(coordinator.bootstrap, checkpoint_dir=str(coordinator.root / "checkpoints")),
-        EventCodec(),
-        spark=spark,
-    )
+    agent = in_process(job, coordinator, spark)
     agent.on_round = operate
     status = agent.run()
     assert status is JobStatus.FINISHED and "stop" in requests
@@ -471,12 +452,7 @@ def test_expired_checkpoints_fold_their_output_into_the_next_epoch_and_nothing_i
             assert answer.status_code == 200, answer.text
             patched.append(len(agent.staged_outputs()))
 
-    agent = Agent(
-        job,
-        AgentOptions(coordinator.bootstrap, checkpoint_dir=str(coordinator.root / "checkpoints")),
-        EventCodec(),
-        spark=spark,
-    )
+    agent = in_process(job, coordinator, spark)
     agent.on_round = extend_after_two_aborts
     status = agent.run()
 
@@ -508,12 +484,7 @@ def test_a_snapshot_that_cannot_be_written_is_declined_and_later_checkpoints_com
         if blocker.is_file() and len(set(agent.declined_checkpoints)) >= 2:
             blocker.unlink()
 
-    agent = Agent(
-        job,
-        AgentOptions(coordinator.bootstrap, checkpoint_dir=str(coordinator.root / "checkpoints")),
-        EventCodec(),
-        spark=spark,
-    )
+    agent = in_process(job, coordinator, spark)
     agent.on_round = unblock_after_two_declines
     status = agent.run()
 
