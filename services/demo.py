@@ -299,10 +299,9 @@ def run_pipeline(bootstrap: str, rest_port: int, once: bool, say: Say) -> None:
     processes: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     def start(name: str, *args: str) -> None:
-        log = open(root / f"{name}.log", "wb")  # noqa: SIM115 (the process owns it)
-        processes.append(
-            (name, subprocess.Popen([*cli, *args], stdout=log, stderr=subprocess.STDOUT))
-        )
+        with open(root / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
+            process = subprocess.Popen([*cli, *args], stdout=log, stderr=subprocess.STDOUT)
+        processes.append((name, process))
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -88,6 +88,18 @@ class KeyedState:
             )
         return descriptor
 
+    def _replace(self, name: str, kind: type, values: pd.Series) -> None:
+        """Entries whose index is in ``values``' index are replaced by ``values``."""
+        descriptor = self._check(name, kind)
+        current = self._series[name]
+        kept = current[~current.index.isin(values.index)]
+        self._set(name, pd.concat([kept, values.astype(descriptor.dtype)]))
+
+    def _remove(self, name: str, kind: type, index: pd.Index | list[Any]) -> None:
+        self._check(name, kind)
+        current = self._series[name]
+        self._set(name, current[~current.index.isin(index)])
+
     # value state
     def value(self, name: str) -> pd.Series:
         self._check(name, ValueState)
@@ -95,15 +107,10 @@ class KeyedState:
 
     def update_value(self, name: str, values: pd.Series) -> None:
         """Sets the value of every key in ``values``' index."""
-        descriptor = self._check(name, ValueState)
-        current = self._series[name]
-        kept = current[~current.index.isin(values.index)]
-        self._set(name, pd.concat([kept, values.astype(descriptor.dtype)]))
+        self._replace(name, ValueState, values)
 
     def clear_value(self, name: str, keys: pd.Index | list[Any]) -> None:
-        self._check(name, ValueState)
-        current = self._series[name]
-        self._set(name, current[~current.index.isin(keys)])
+        self._remove(name, ValueState, keys)
 
     # list state
     def list(self, name: str) -> pd.Series:
@@ -117,10 +124,7 @@ class KeyedState:
 
     def set_list(self, name: str, values: pd.Series) -> None:
         """Replaces the lists of the keys in ``values``' index."""
-        descriptor = self._check(name, ListState)
-        current = self._series[name]
-        kept = current[~current.index.isin(values.index)]
-        self._set(name, pd.concat([kept, values.astype(descriptor.dtype)]))
+        self._replace(name, ListState, values)
 
     # map state
     def map(self, name: str) -> pd.Series:
@@ -129,15 +133,10 @@ class KeyedState:
 
     def put_in_map(self, name: str, values: pd.Series) -> None:
         """Puts entries indexed by (key, user key); existing entries with those indexes go."""
-        descriptor = self._check(name, MapState)
-        current = self._series[name]
-        kept = current[~current.index.isin(values.index)]
-        self._set(name, pd.concat([kept, values.astype(descriptor.dtype)]))
+        self._replace(name, MapState, values)
 
     def remove_from_map(self, name: str, index: pd.MultiIndex) -> None:
-        self._check(name, MapState)
-        current = self._series[name]
-        self._set(name, current[~current.index.isin(index)])
+        self._remove(name, MapState, index)
 
     def _set(self, name: str, series: pd.Series) -> None:
         series.name = name
@@ -197,6 +196,10 @@ class KafkaSource:
     bounded: bool = False
     max_records_per_partition: int = 50_000
     """At most this many records per partition and round."""
+
+    @property
+    def format(self) -> str:
+        return "kafka"
 
 
 @dataclass(frozen=True)

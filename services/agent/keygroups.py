@@ -221,3 +221,10 @@ def key_groups(
             group = cache[key] = key_group(key, max_parallelism)
         out[i] = group
     return out
+
+
+def operator_indexes(
+    max_parallelism: int, parallelism: int, groups: npt.NDArray[np.int32]
+) -> npt.NDArray[np.int64]:
+    """`operator_index` of every key group in a column."""
+    return groups.astype(np.int64) * parallelism // max_parallelism

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import sys
+from collections.abc import Callable
 
-from services.agent.job import load_job
+from services.agent.job import Job, load_job
 from services.agent.restore import NoCheckpoint
 from services.agent.runtime import Agent, AgentOptions
 from services.common.avro import EventCodec
@@ -17,7 +19,7 @@ class AgentFailed(RuntimeError):
     """The job could not start or failed; the message says why."""
 
 
-def run(spec: str, options: AgentOptions, say: object = print) -> JobStatus:
+def run(spec: str, options: AgentOptions, say: Callable[[str], None] = print) -> JobStatus:
     try:
         job = load_job(spec)
     except (ImportError, ValueError, AttributeError) as exc:
@@ -25,7 +27,7 @@ def run(spec: str, options: AgentOptions, say: object = print) -> JobStatus:
     _pickle_by_value(job)
     agent = Agent(job, options, EventCodec())
     agent.handle_signals = True
-    say(  # type: ignore[operator]
+    say(
         f"agent {agent.agent_id}: job {job.id} ({job.name}), parallelism {agent.parallelism}, "
         f"max parallelism {agent.max_parallelism}, checkpoints under {agent.checkpoint_dir}"
     )
@@ -33,16 +35,14 @@ def run(spec: str, options: AgentOptions, say: object = print) -> JobStatus:
         status = agent.run()
     except NoCheckpoint as exc:
         raise AgentFailed(str(exc)) from None
-    say(f"job {job.id}: {status.name}")  # type: ignore[operator]
+    say(f"job {job.id}: {status.name}")
     return status
 
 
-def _pickle_by_value(job: object) -> None:
+def _pickle_by_value(job: Job) -> None:
     """A job defined in a file (not an importable module) travels to executors by value."""
-    module_name = type(job.function).__module__  # type: ignore[attr-defined]
+    module_name = type(job.function).__module__
     if module_name.startswith("sparkpoint_job_"):
-        import sys
-
         from pyspark import cloudpickle
 
         cloudpickle.register_pickle_by_value(sys.modules[module_name])  # type: ignore[no-untyped-call]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import signal
 import tempfile
@@ -135,6 +134,24 @@ class AgentOptions:
     max_rows_per_round: int = MAX_ROWS_PER_ROUND
 
 
+Plan = list[tuple[Upload, str | None]]
+"""What a subtask's snapshot references, and the working file each new copy is made from."""
+
+
+@dataclass
+class Copy:
+    """One keyed subtask's snapshot in its asynchronous phase."""
+
+    subtask: int
+    future: Future[None]
+    plan: Plan
+    sync_ms: int
+    started: float
+
+    def new_files(self) -> list[str]:
+        return [upload.path for upload, source in self.plan if source is not None]
+
+
 @dataclass
 class PendingSnapshot:
     trigger: TriggerCheckpoint
@@ -142,9 +159,7 @@ class PendingSnapshot:
     final: bool
     """Taken after the end of a bounded input: its completion finishes the job."""
     acked: set[str] = field(default_factory=set)
-    copies: list[tuple[int, Future[None], list[tuple[Upload, str | None]], float]] = field(
-        default_factory=list
-    )
+    copies: list[Copy] = field(default_factory=list)
     snapshotted: bool = False
     aligned_ms: int = 0
     processed: dict[str, int] = field(default_factory=dict)
@@ -202,16 +217,15 @@ class Agent:
             for i in range(self.parallelism)
         ]
         self.rounds = 0
-        self.records_in = 0
-        self.records_out = 0
+        """Stage-2 rounds so far: numbers state versions and staged output files."""
         self.completed_checkpoints: list[int] = []
         self.aborted_checkpoints: list[int] = []
         self.declined_checkpoints: list[int] = []
         self.on_round: Callable[[Agent], None] | None = None
         self.start_seconds = 0.0
+        """How long the last start took: restore, Spark warm-up, source positions, registration."""
         self.handle_signals = False
         """Ctrl-C and SIGTERM cancel the job cleanly (the command line sets this)."""
-        """How long the last start took: restore, Spark warm-up, source positions, registration."""
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -230,11 +244,6 @@ class Agent:
         if isinstance(source, FileSource):
             return FileSourceReader(source, self.parallelism)
         return KafkaSourceReader(source, self.options.bootstrap, self.parallelism)
-
-    @property
-    def source_format(self) -> str:
-        source = self.job.source
-        return source.format if isinstance(source, FileSource) else "kafka"
 
     def _spark(self) -> Any:
         if self.spark is None:
@@ -326,12 +335,15 @@ class Agent:
                 )
             self.backend.restore(restored.key_groups, restored.shared)
             self._publish_restored_epochs(restored)
-        self._clean_task_owned(keep_state=False)
+        self._clean_task_owned()
         self.source.start(restored.positions if restored else None)
         self.pending: dict[int, PendingSnapshot] = {}
-        self.orphans: list[tuple[Future[None], list[tuple[Upload, str | None]]]] = []
-        self.sealed: dict[int, list[str]] = {}
-        self.unsealed: list[str] = []
+        self.orphans: list[Copy] = []
+        """Copies of snapshots that will never be acknowledged: their new files go when done."""
+        self.sealed: dict[int, list[tuple[int, str]]] = {}
+        """Epoch -> (subtask, staged output file) for epochs not yet committed."""
+        self.unsealed: list[tuple[int, str]] = []
+        """Output staged since the last barrier: the next epoch's."""
         self.end_of_input = False
         self.highest_trigger = restored.checkpoint_id if restored else 0
         self.owner_epoch = 0
@@ -342,7 +354,7 @@ class Agent:
         log.info(
             "job %s running: parallelism %d, %d key groups restored, started in %.1f s",
             self.job_id, self.parallelism, len(restored.key_groups) if restored else 0,
-            time.monotonic() - started,
+            self.start_seconds,
         )  # fmt: skip
 
     def _restored(self, restore: str) -> Restored | None:
@@ -363,19 +375,16 @@ class Agent:
         if not restored.epochs or not self.sink.exactly_once:
             return
         published = self.sink.published_epoch()
-        for epoch in sorted(restored.epochs):
-            if epoch > published:
-                count = self.sink.publish_epoch(epoch, restored.epochs[epoch])
-                log.info(
-                    "job %s: epoch %d published again after restore (%d records)",
-                    self.job_id,
-                    epoch,
-                    count,
-                )
+        for epoch in sorted(e for e in restored.epochs if e > published):
+            log.info(
+                "job %s: epoch %d completed but is not published: publishing", self.job_id, epoch
+            )
+            self.committer.submit(epoch, restored.epochs[epoch])
+        self.committer.drain()
 
-    def _clean_task_owned(self, keep_state: bool) -> None:
+    def _clean_task_owned(self) -> None:
         """Working state and staged output of earlier runs: nothing restored points at them."""
-        for directory in ([] if keep_state else [self.state_dir]) + [self.sink_dir]:
+        for directory in (self.state_dir, self.sink_dir):
             fs, root = url_to_fs(directory)
             if fs.exists(root):
                 fs.rm(root, recursive=True)
@@ -456,7 +465,8 @@ class Agent:
 
     def staged_outputs(self) -> list[str]:
         """Staged output files not yet published (exactly-once sinks), oldest epoch first."""
-        return [o for epoch in sorted(self.sealed) for o in self.sealed[epoch]] + self.unsealed
+        staged = [o for epoch in sorted(self.sealed) for o in self.sealed[epoch]] + self.unsealed
+        return [path for _, path in staged]
 
     def _drained(self) -> bool:
         return all(not c.segments for c in self.channels)
@@ -469,13 +479,12 @@ class Agent:
         partitions = self.source.readable()
         if not partitions:
             return False
-        budget = min(c.free_bytes() for c in self.channels)
         limit = self.job.source.max_records_per_partition
         tasks = [
             FetchTask(
                 self.options.bootstrap, topic, partition, self.source.positions[(topic, partition)],
                 self.source.ends.get((topic, partition)), limit, self.job.key,
-                self.max_parallelism, self.parallelism, self.source_format,
+                self.max_parallelism, self.parallelism, self.job.source.format,
             )
             for topic, partition in partitions
         ]  # fmt: skip
@@ -501,9 +510,6 @@ class Agent:
                 self.channels[subtask].append(data, rows)
             self.source.positions[(result.topic, result.partition)] = result.next_offset
             fetched += result.records
-        self.records_in += fetched
-        if budget < sum(len(d) for r in results for _, d, _ in r.segments):
-            log.debug("job %s: a channel is over budget; fetching pauses", self.job_id)
         if fetched:
             crash_point("mid-batch")
         return fetched > 0
@@ -518,7 +524,7 @@ class Agent:
         if not work:
             return False
         self.rounds += 1
-        version = self.backend.next_version
+        version = self.rounds
         tasks = []
         for i in work:
             versions = {g: v.path for g, v in self.backend.versions.items() if g in self.ranges[i]}
@@ -534,7 +540,7 @@ class Agent:
         results: list[ProcessResult] = (
             sc.parallelize(tasks, len(tasks)).map(lambda t: process_subtask(t, function)).collect()
         )
-        outputs = []
+        outputs: list[tuple[int, str]] = []
         for result in results:
             for group, (path, size) in result.new_versions.items():
                 self.backend.install(group, Version(path, size, version))
@@ -545,15 +551,14 @@ class Agent:
                     key = f"keyed-{result.subtask}"
                     pending.processed[key] = pending.processed.get(key, 0) + size
             if result.output_path is not None:
-                outputs.append(result.output_path)
-                self.records_out += result.output_rows
-        self.backend.next_version = version + 1
+                outputs.append((result.subtask, result.output_path))
         if outputs:
             if self.sink.exactly_once:
                 self.unsealed.extend(outputs)
             else:
-                self.sink.write_now(outputs)
-                delete_files(outputs)
+                paths = [path for _, path in outputs]
+                self.sink.write_now(paths)
+                delete_files(paths)
         return True
 
     def _shippable(self, segment: Segment) -> bytes | str:
@@ -608,7 +613,10 @@ class Agent:
             started = time.monotonic()
             write_file(path, data)
             handle = StateHandle(path, StateHandleKind.SOURCE_POSITIONS, len(data))
-            self._acknowledge(pending, f"source-{i}", [handle], len(data), len(data), 0, started, 0)
+            self._acknowledge(
+                pending, f"source-{i}", [handle], state_size=len(data), checkpointed=len(data),
+                sync_ms=int((time.monotonic() - started) * 1000), async_ms=0,
+            )  # fmt: skip
 
     def _snapshot_aligned(self) -> None:
         for checkpoint_id in sorted(self.pending):
@@ -635,13 +643,14 @@ class Agent:
                 checkpoint_id, groups, incremental, trigger.target_location, self.shared_dir
             )
             manifest = {
-                str(epoch): sorted(o for o in outputs if f"-s{i:04d}-" in o)
+                str(epoch): sorted(path for subtask, path in outputs if subtask == i)
                 for epoch, outputs in self.sealed.items()
             }
             future = self.copier.submit(
                 self._copy, plan, f"{trigger.target_location}/sink-{i}.json", manifest
             )
-            pending.copies.append((i, future, plan, started))
+            sync_ms = int((time.monotonic() - started) * 1000)
+            pending.copies.append(Copy(i, future, plan, sync_ms, time.monotonic()))
         log.debug(
             "job %s: checkpoint %d aligned after %d ms",
             self.job_id,
@@ -649,12 +658,7 @@ class Agent:
             pending.aligned_ms,
         )
 
-    def _copy(
-        self,
-        plan: list[tuple[Upload, str | None]],
-        manifest_path: str,
-        manifest: dict[str, list[str]],
-    ) -> None:
+    def _copy(self, plan: Plan, manifest_path: str, manifest: dict[str, list[str]]) -> None:
         try:
             for upload, source in plan:
                 if source is not None:
@@ -667,74 +671,56 @@ class Agent:
         """Gives snapshot copies in flight a moment before the next round (local copies take
         milliseconds; a round takes hundreds): acknowledgements then go out this round, while
         slow storage still never holds the loop up for long."""
-        futures = [f for p in self.pending.values() for _, f, _, _ in p.copies]
+        futures = [copy.future for p in self.pending.values() for copy in p.copies]
         if futures:
             wait_for(futures, timeout=COPY_WAIT_S)
 
     def _send_acks(self) -> None:
-        running = []
-        for future, plan in self.orphans:  # copies of aborted snapshots: nobody references them
-            if future.done():
-                delete_files([u.path for u, s in plan if s is not None])
-            else:
-                running.append((future, plan))
-        self.orphans = running
+        """Acknowledges (or declines) every keyed snapshot whose copies finished."""
+        for copy in [c for c in self.orphans if c.future.done()]:
+            delete_files(copy.new_files())
+        self.orphans = [c for c in self.orphans if not c.future.done()]
         for checkpoint_id in sorted(self.pending):
             pending = self.pending[checkpoint_id]
-            still = []
-            for i, future, plan, started in pending.copies:
-                if not future.done():
-                    still.append((i, future, plan, started))
-                    continue
-                error = future.exception()
-                if error is not None:
-                    log.error(
-                        "job %s: snapshot %d of keyed-%d failed: %s",
-                        self.job_id,
-                        checkpoint_id,
-                        i,
-                        error,
-                    )
-                    self._decline(
-                        pending,
-                        f"keyed-{i}",
-                        CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION,
-                        str(error),
-                    )
-                    continue
-                handles = [
-                    StateHandle(
-                        u.path, StateHandleKind.KEYED_STATE, u.size, u.group, u.group, u.shared
-                    )
-                    for u, _ in plan
-                ]
-                manifest = f"{pending.trigger.target_location}/sink-{i}.json"
-                handles.append(StateHandle(manifest, StateHandleKind.SINK_EPOCH, 0))
-                state_size = sum(u.size for u, _ in plan)
-                checkpointed = sum(u.size for u, s in plan if s is not None)
-                sync_ms = 1
-                async_ms = int((time.monotonic() - started) * 1000)
-                self._acknowledge(
-                    pending,
-                    f"keyed-{i}",
-                    handles,
-                    state_size,
-                    checkpointed,
-                    sync_ms,
-                    started,
-                    async_ms,
-                )
-            pending.copies = still
+            for copy in [c for c in pending.copies if c.future.done()]:
+                self._answer(pending, copy)
+            pending.copies = [c for c in pending.copies if not c.future.done()]
+
+    def _answer(self, pending: PendingSnapshot, copy: Copy) -> None:
+        subtask = f"keyed-{copy.subtask}"
+        error = copy.future.exception()
+        if error is not None:
+            log.error(
+                "job %s: snapshot %d of %s failed: %s",
+                self.job_id, pending.trigger.checkpoint_id, subtask, error,
+            )  # fmt: skip
+            self._decline(
+                pending, subtask, CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION, str(error)
+            )
+            return
+        handles = [
+            StateHandle(u.path, StateHandleKind.KEYED_STATE, u.size, u.group, u.group, u.shared)
+            for u, _ in copy.plan
+        ]
+        manifest = f"{pending.trigger.target_location}/sink-{copy.subtask}.json"
+        handles.append(StateHandle(manifest, StateHandleKind.SINK_EPOCH, 0))
+        self._acknowledge(
+            pending, subtask, handles,
+            state_size=sum(u.size for u, _ in copy.plan),
+            checkpointed=sum(u.size for u, source in copy.plan if source is not None),
+            sync_ms=copy.sync_ms,
+            async_ms=int((time.monotonic() - copy.started) * 1000),
+        )  # fmt: skip
 
     def _acknowledge(
-        self, pending: PendingSnapshot, subtask: str, handles: list[StateHandle], state_size: int,
-        checkpointed: int, sync_ms: int, started: float, async_ms: int,
+        self, pending: PendingSnapshot, subtask: str, handles: list[StateHandle], *,
+        state_size: int, checkpointed: int, sync_ms: int, async_ms: int,
     ) -> None:  # fmt: skip
-        trigger = pending.trigger
-        alignment_ms = pending.aligned_ms if subtask.startswith("keyed") else 0
+        """Publishes a subtask's acknowledgement; alignment is 0 for sources (they snapshot at
+        the trigger, before any alignment)."""
         ack = AcknowledgeCheckpoint(
-            self.job_id, trigger.checkpoint_id, subtask, self.attempt, now_ms(), handles, state_size,
-            max(0, alignment_ms), sync_ms, async_ms, 0, False, checkpointed,
+            self.job_id, pending.trigger.checkpoint_id, subtask, self.attempt, now_ms(), handles,
+            state_size, pending.aligned_ms, sync_ms, async_ms, 0, False, checkpointed,
             pending.processed.get(subtask, 0),
         )  # fmt: skip
         self.publisher.publish_nowait(ACKS, self.job_id, ack)
@@ -769,10 +755,11 @@ class Agent:
         for epoch in sorted(e for e in self.sealed if e <= checkpoint_id):
             outputs = self.sealed.pop(epoch)
             if outputs:
-                self.committer.submit(epoch, outputs)
+                self.committer.submit(epoch, [path for _, path in outputs])
         self.completed_checkpoints.append(checkpoint_id)
         for older in [c for c in self.pending if c < checkpoint_id and self.pending[c].snapshotted]:
-            self.pending.pop(older)  # subsumed: Flink's notifyCheckpointComplete covers them
+            # subsumed (Flink's notifyCheckpointComplete covers earlier checkpoints)
+            self.orphans += self.pending.pop(older).copies
         if pending is None:
             return False
         if pending.trigger.snapshot_type in (
@@ -800,7 +787,7 @@ class Agent:
         if pending is not None:
             for channel in self.channels:
                 channel.remove_barrier(checkpoint_id)
-            self.orphans += [(future, plan) for _, future, plan, _ in pending.copies]
+            self.orphans += pending.copies
         outputs = self.sealed.pop(checkpoint_id, None)
         if outputs:  # the epoch folds into the next one
             later = sorted(e for e in self.sealed if e > checkpoint_id)
@@ -825,6 +812,3 @@ def install_signal_handlers(agent: Agent) -> None:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-
-
-__all__ = ["Agent", "AgentOptions", "NoCheckpoint", "install_signal_handlers", "os"]

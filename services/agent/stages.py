@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -22,7 +21,7 @@ import pyarrow.json as pajson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from services.agent.job import KeyedFunction, KeyedState, MapFunction, StateDescriptor
-from services.agent.keygroups import key_groups
+from services.agent.keygroups import key_groups, operator_indexes
 from services.agent.state import decode_state, encode_state, read_file, working_path, write_file
 from services.common.kafka import consumer_config
 
@@ -178,7 +177,7 @@ def fetch_and_partition(task: FetchTask, map_function: MapFunction) -> FetchResu
                 f"key column {task.key!r} is not in the records after map (columns: {list(frame.columns)})"
             )
         groups = key_groups(frame[task.key].to_numpy(), task.max_parallelism)
-        subtasks = groups.astype("int64") * task.parallelism // task.max_parallelism
+        subtasks = operator_indexes(task.max_parallelism, task.parallelism, groups)
         frame = frame.assign(**{KEY_GROUP_COLUMN: groups})
         for subtask, part in frame.groupby(subtasks, sort=True):
             segments.append((int(subtask), to_ipc(part.reset_index(drop=True)), len(part)))
@@ -206,10 +205,7 @@ class ProcessResult:
     new_versions: dict[int, tuple[str, int]]
     """Key group -> (file, size) for every key group whose state changed."""
     output_path: str | None
-    output_rows: int
-    input_rows: int
-    processed_bytes: int
-    duration_ms: int
+    """The round's staged output, when it emitted any."""
 
 
 _CACHE: OrderedDict[str, dict[str, pd.Series]] = OrderedDict()
@@ -231,15 +227,13 @@ def load_state(path: str, declared: Mapping[str, StateDescriptor]) -> dict[str, 
 
 
 def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult:
-    started = time.monotonic()
     declared = function.state
-    processed_bytes = sum(len(p) for p in task.payloads if isinstance(p, bytes))
     frames = [from_ipc(p) for p in task.payloads]
     records = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     outputs: list[pd.DataFrame] = []
     new_versions: dict[int, tuple[str, int]] = {}
 
-    def run(group: int, call: str, batch: pd.DataFrame | None) -> None:
+    def run(group: int, batch: pd.DataFrame | None) -> None:
         path = task.versions.get(group)
         state = KeyedState(declared, load_state(path, declared) if path else {})
         out = function.on_end_of_input(state) if batch is None else function.process(batch, state)
@@ -255,26 +249,16 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
 
     if len(records):
         for group, batch in records.groupby(KEY_GROUP_COLUMN, sort=True):
-            run(int(group), "process", batch.drop(columns=KEY_GROUP_COLUMN).reset_index(drop=True))
+            run(int(group), batch.drop(columns=KEY_GROUP_COLUMN).reset_index(drop=True))
     if task.end_of_input:
         for group in sorted(task.versions):
-            run(group, "end", None)
+            run(group, None)
     output_path = None
-    output_rows = 0
     if outputs:
-        output = pd.concat(outputs, ignore_index=True)
-        output_rows = len(output)
-        if output_rows:
-            output_path = task.output_path
-            write_file(output_path, to_ipc(output))
-    return ProcessResult(
-        task.subtask, new_versions, output_path, output_rows, len(records), processed_bytes,
-        int((time.monotonic() - started) * 1000),
-    )  # fmt: skip
+        output_path = task.output_path
+        write_file(output_path, to_ipc(pd.concat(outputs, ignore_index=True)))
+    return ProcessResult(task.subtask, new_versions, output_path)
 
 
 def output_file(sink_dir: str, round_id: int, subtask: int) -> str:
     return f"{sink_dir}/out-r{round_id:08d}-s{subtask:04d}-{uuid.uuid4().hex[:8]}.arrow"
-
-
-__all__ = ["working_path"]

@@ -34,7 +34,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from services.agent.job import ListState, MapState, StateDescriptor, ValueState, empty_series
+from services.agent.job import MapState, StateDescriptor, empty_series
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +130,6 @@ def working_path(state_dir: str, group: int, version: int) -> str:
     return f"{state_dir}/kg-{group:05d}/v{version:08d}-{uuid.uuid4().hex[:8]}.arrow"
 
 
-_DESCRIPTORS = (ValueState, ListState, MapState)
-
-
 # --- the driver's view of every key group ----------------------------------------------------------
 
 
@@ -172,14 +169,12 @@ class StateBackend:
     _pins: Counter[str] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _garbage: list[str] = field(default_factory=list)
-    next_version: int = 1
 
     def install(self, group: int, version: Version) -> None:
         """Stage 2 wrote a new version of ``group``; the old one becomes garbage unless pinned."""
         with self._lock:
             old = self.versions.get(group)
             self.versions[group] = version
-            self.next_version = max(self.next_version, version.version + 1)
             if old is not None and old.owned:
                 self._garbage.append(old.path)
 
@@ -258,10 +253,6 @@ class StateBackend:
             self._garbage = [p for p in self._garbage if p in self._pins]
         delete_files(free)
         return free
-
-    def state_size(self, groups: Iterable[int]) -> int:
-        with self._lock:
-            return sum(self.versions[g].size for g in groups if g in self.versions)
 
 
 def job_dirs(checkpoint_dir: str, job_id: str) -> tuple[str, str]:

@@ -464,11 +464,13 @@ def replay_topic(
     partitions: Iterable[int] | None = None,
     on_malformed: Callable[[Malformed], None] | None = None,
     timeout_s: float = 60.0,
+    read_committed: bool = False,
 ) -> list[Received]:
     """A topic's records up to the end offsets taken now, read by a fresh REPLAY consumer."""
-    subscriber = EventSubscriber(
-        make_consumer(bootstrap, profile=ConsumerProfile.REPLAY), codec, on_malformed
+    consumer = make_consumer(
+        bootstrap, profile=ConsumerProfile.REPLAY, read_committed=read_committed
     )
+    subscriber = EventSubscriber(consumer, codec, on_malformed)
     try:
         return read_to_end(subscriber, topic, partitions, timeout_s)
     finally:

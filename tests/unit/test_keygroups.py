@@ -18,6 +18,7 @@ from services.agent.keygroups import (
     murmur3_32,
     murmur_hash,
     operator_index,
+    operator_indexes,
 )
 
 # Kafka streams' Murmur3Test vectors (MurmurHash3_x86_32, seed 123)
@@ -137,3 +138,10 @@ def test_columns_give_the_same_groups_as_single_keys() -> None:
             key_group(k.item() if hasattr(k, "item") else k, 128) for k in column
         ]
     assert key_groups([], 128).tolist() == []
+
+
+def test_operator_indexes_of_a_column_are_operator_index_of_each_group() -> None:
+    groups = np.arange(128, dtype=np.int32)
+    for parallelism in (1, 3, 4, 128):
+        expected = [operator_index(128, parallelism, int(g)) for g in groups]
+        assert operator_indexes(128, parallelism, groups).tolist() == expected

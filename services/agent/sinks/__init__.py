@@ -4,11 +4,17 @@ sink either publishes it right away (at-least-once) or when the checkpoint of it
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
 from typing import Protocol
 
 import pandas as pd
 
 from services.agent.stages import from_ipc
+from services.agent.state import delete_files
+
+log = logging.getLogger(__name__)
 
 
 class SinkWriter(Protocol):
@@ -41,15 +47,10 @@ class EpochCommitter:
     restore publishes the epoch again."""
 
     def __init__(self, sink: SinkWriter, job_id: str) -> None:
-        import queue
-        import threading
-
         self.sink = sink
         self.job_id = job_id
         self._queue: queue.Queue[tuple[int, list[str]] | None] = queue.Queue()
         self._error: BaseException | None = None
-        self.committed: list[tuple[int, int]] = []
-        """(epoch, records) in commit order."""
         self._thread = threading.Thread(target=self._run, name=f"commit-{job_id}", daemon=True)
         self._thread.start()
 
@@ -57,17 +58,11 @@ class EpochCommitter:
         self._queue.put((epoch, sorted(outputs)))
 
     def _run(self) -> None:
-        import logging
-
-        from services.agent.state import delete_files
-
-        log = logging.getLogger(__name__)
         while (item := self._queue.get()) is not None:
             epoch, outputs = item
             try:
                 if self._error is None:
                     count = self.sink.publish_epoch(epoch, outputs)
-                    self.committed.append((epoch, count))
                     log.info("job %s: epoch %d committed (%d records)", self.job_id, epoch, count)
                     delete_files(outputs)
             except BaseException as exc:  # kept for the loop: it fails the job loudly

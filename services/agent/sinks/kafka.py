@@ -18,19 +18,17 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from services.agent.faults import crash_point
 from services.agent.job import DeliveryGuarantee, KafkaSink
 from services.agent.sinks import read_outputs
-from services.common.avro import EventCodec, UndecodableEvent
+from services.common.avro import EventCodec
 from services.common.events import SinkEpochPublished
 from services.common.kafka import (
-    ConsumerProfile,
-    consumer_config,
     partition_of,
     producer_config,
-    true_end_offset,
+    replay_topic,
 )
 from services.common.topics import SINK_MARKERS, topic_prefix
 
@@ -63,10 +61,18 @@ class KafkaSinkWriter:
     @property
     def producer(self) -> Producer:
         if self._producer is None:
-            config = producer_config(self.bootstrap, client_id=f"sparkpoint-sink-{self.job_id}")
+            transactional_id = (
+                f"{topic_prefix()}sink-{self.job_id}-{self.sink.topic}"
+                if self.exactly_once
+                else None
+            )
+            config = producer_config(
+                self.bootstrap,
+                client_id=f"sparkpoint-sink-{self.job_id}",
+                transactional_id=transactional_id,
+            )
             config["linger.ms"] = 5
             if self.exactly_once:
-                config["transactional.id"] = f"{topic_prefix()}sink-{self.job_id}-{self.sink.topic}"
                 config["transaction.timeout.ms"] = int(TRANSACTION_TIMEOUT_S * 1000)
             self._producer = Producer(config)
             if self.exactly_once:
@@ -126,43 +132,23 @@ class KafkaSinkWriter:
         return count
 
     def published_epoch(self) -> int:
-        """The newest marker of this job and sink (read committed, to the true end)."""
-        config = consumer_config(
-            self.bootstrap, profile=ConsumerProfile.REPLAY, read_committed=True
+        """The newest marker of this job and sink. Markers are written one per transaction, so
+        the end offsets are right on the embedded broker too."""
+        partitions = self.producer.list_topics(self.markers, timeout=10).topics[self.markers]
+        partition = partition_of(self.job_id, len(partitions.partitions))
+        records = replay_topic(
+            self.bootstrap, self.codec, self.markers, [partition], read_committed=True
         )
-        consumer = Consumer(config)
-        try:
-            metadata = consumer.list_topics(self.markers, timeout=10).topics[self.markers]
-            partition = partition_of(self.job_id, len(metadata.partitions))
-            end = true_end_offset(consumer, self.markers, partition)
-            consumer.assign([TopicPartition(self.markers, partition, 0)])
-            newest = 0
-            position = 0
-            deadline = time.monotonic() + 60
-            while position < end and time.monotonic() < deadline:
-                for message in consumer.consume(10_000, 0.2):
-                    value = message.value()
-                    if message.error() is not None or value is None:
-                        continue
-                    if message.key() != self.job_id.encode():
-                        continue
-                    try:
-                        event = self.codec.decode(value)
-                    except UndecodableEvent as exc:
-                        log.warning(
-                            "malformed marker skipped: %s[%d]@%d: %s",
-                            self.markers, partition, message.offset(), exc.reason,
-                        )  # fmt: skip
-                        continue
-                    if isinstance(event, SinkEpochPublished) and event.sink == self.sink.topic:
-                        newest = max(newest, event.epoch)
-                # the position, not the last offset: commit markers take offsets too
-                position = max(
-                    position, consumer.position([TopicPartition(self.markers, partition)])[0].offset
-                )
-            return newest
-        finally:
-            consumer.close()
+        return max(
+            (
+                r.event.epoch
+                for r in records
+                if r.key == self.job_id
+                and isinstance(r.event, SinkEpochPublished)
+                and r.event.sink == self.sink.topic
+            ),
+            default=0,
+        )
 
     def close(self) -> None:
         if self._producer is not None:
