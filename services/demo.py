@@ -29,6 +29,7 @@ from services.common.avro import EventCodec
 from services.common.broker import EmbeddedBroker, free_port, port_is_free
 from services.common.events import (
     AcknowledgeCheckpoint,
+    AgentHeartbeat,
     CheckpointEventType,
     CheckpointFailureReason,
     CheckpointLifecycleEvent,
@@ -45,6 +46,7 @@ from services.common.events import (
     JobStatusChanged,
     NotifyCheckpointAborted,
     NotifyCheckpointComplete,
+    RegistrationResponse,
     RetainedCheckpoint,
     SinkEpochPublished,
     SnapshotType,
@@ -117,6 +119,10 @@ def scripted_exchange(job_id: str, now_ms: int) -> list[Step]:
             job_id, "payments-example", "agent-demo", 0, JobStatus.RUNNING, 2, 128, subtasks,
             {"execution.checkpointing.interval": "10s", "execution.checkpointing.timeout": "10min"}, t,
         )),
+        Step(CONTROL, RegistrationResponse(
+            job_id, epoch, "agent-demo", 0, True, t + 2, checkpoint_id_counter=1,
+        )),
+        Step(ACKS, AgentHeartbeat(job_id, "agent-demo", 0, t + 5)),
         Step(CONTROL, TriggerCheckpoint(
             job_id, epoch, 1, t + 10, SnapshotType.CHECKPOINT, True, False, f"{checkpoint_dir}/chk-1",
         )),
@@ -202,6 +208,11 @@ def describe(event: Event) -> str:
             )
         case CheckpointStoreRecord():
             return f"store: next id {event.checkpoint_id_counter}, retained {[r.checkpoint_id for r in event.retained]}"
+        case RegistrationResponse():
+            verdict = "accepted" if event.accepted else f"refused ({event.reason})"
+            return f"registration of {event.agent_id} attempt {event.attempt} {verdict}"
+        case AgentHeartbeat():
+            return f"{event.agent_id} attempt {event.attempt} is alive"
     raise TypeError(f"not an event: {event!r}")
 
 

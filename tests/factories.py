@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from services.common.events import (
     AcknowledgeCheckpoint,
+    AgentHeartbeat,
     CheckpointEventType,
     CheckpointFailureReason,
     CheckpointLifecycleEvent,
@@ -20,6 +23,7 @@ from services.common.events import (
     JobStatusChanged,
     NotifyCheckpointAborted,
     NotifyCheckpointComplete,
+    RegistrationResponse,
     RetainedCheckpoint,
     SavepointFormat,
     SinkEpochPublished,
@@ -29,6 +33,7 @@ from services.common.events import (
     Subtask,
     TriggerCheckpoint,
 )
+from services.common.keygroups import key_group_range
 
 T0 = 1_790_000_000_000
 JOB = "job-0001"
@@ -37,8 +42,8 @@ JOB = "job-0001"
 def job_registered(
     job_id: str = JOB, parallelism: int = 2, max_parallelism: int = 128
 ) -> JobRegistered:
-    per = max_parallelism // parallelism
-    subtasks = [Subtask(f"keyed-{i}", i, i * per, (i + 1) * per - 1) for i in range(parallelism)]
+    ranges = [key_group_range(max_parallelism, parallelism, i) for i in range(parallelism)]
+    subtasks = [Subtask(f"keyed-{i}", i, r.start, r.end) for i, r in enumerate(ranges)]
     return JobRegistered(
         job_id=job_id,
         job_name="payments",
@@ -211,6 +216,26 @@ def end_of_input() -> JobStatusChanged:
     return JobStatusChanged(JOB, "agent-a", 0, JobStatus.RUNNING, T0 + 8_000, end_of_input=True)
 
 
+def registration_refused() -> RegistrationResponse:
+    return RegistrationResponse(
+        JOB, 3, "agent-b", 0, False, T0 + 10_000,
+        reason="job job-0001 is driven by agent agent-a (attempt 0), last heard from 400 ms ago",
+        refusal="LEASE_HELD", holder_agent_id="agent-a", holder_attempt=0, holder_seen_ms_ago=400,
+    )  # fmt: skip
+
+
+def registration_accepted() -> RegistrationResponse:
+    return RegistrationResponse(JOB, 3, "agent-a", 1, True, T0 + 10_000, checkpoint_id_counter=12)
+
+
+def heartbeat() -> AgentHeartbeat:
+    return AgentHeartbeat(JOB, "agent-a", 0, T0 + 11_000)
+
+
+def addressed_trigger() -> TriggerCheckpoint:
+    return replace(periodic_checkpoint_trigger(9), agent_id="agent-a", attempt=2)
+
+
 def one_of_each() -> list[Event]:
     """One event of every type, with optional fields both set and unset across the list."""
     return [
@@ -230,4 +255,8 @@ def one_of_each() -> list[Event]:
         coordinator_announcement(),
         sink_epoch_published(),
         end_of_input(),
+        registration_refused(),
+        registration_accepted(),
+        heartbeat(),
+        addressed_trigger(),
     ]

@@ -196,6 +196,8 @@ class TriggerCheckpoint:
     target_location: str
     aligned_checkpoint_timeout_ms: int | None = None
     savepoint_format: SavepointFormat = SavepointFormat.CANONICAL
+    agent_id: str | None = None
+    attempt: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +209,8 @@ class NotifyCheckpointComplete:
     is_savepoint: bool
     external_path: str
     completed_timestamp: int
+    agent_id: str | None = None
+    attempt: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +222,8 @@ class NotifyCheckpointAborted:
     reason: CheckpointFailureReason
     timestamp: int
     message: str | None = None
+    agent_id: str | None = None
+    attempt: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +238,8 @@ class FailoverRequest:
     failed_checkpoint_id: int | None = None
     restore_checkpoint_id: int | None = None
     restore_external_path: str | None = None
+    agent_id: str | None = None
+    attempt: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +259,7 @@ class AcknowledgeCheckpoint:
     unaligned: bool
     checkpointed_size_bytes: int = 0
     processed_data_bytes: int = 0
+    agent_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +272,7 @@ class DeclineCheckpoint:
     reason: CheckpointFailureReason
     timestamp: int
     message: str | None = None
+    agent_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +322,11 @@ class CheckpointStoreRecord:
     checkpoint_id_counter: int
     retained: list[RetainedCheckpoint]
     updated_at: int
+    agent_id: str | None = None
+    attempt: int | None = None
+    last_completed_checkpoint_id: int | None = None
+    job_status: str | None = None
+    externalized_retention: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +338,8 @@ class SinkEpochPublished:
     records: int
     agent_id: str
     timestamp: int
+    outputs_digest: str | None = None
+    transaction: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +349,32 @@ class CoordinatorAnnouncement:
     rest_url: str
     partitions: list[int]
     owner_epochs: dict[str, int]
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationResponse:
+    SCHEMA: ClassVar[str] = f"{NAMESPACE}.RegistrationResponse"
+    job_id: str
+    owner_epoch: int
+    agent_id: str
+    attempt: int
+    accepted: bool
+    timestamp: int
+    reason: str | None = None
+    refusal: str | None = None
+    holder_agent_id: str | None = None
+    holder_attempt: int | None = None
+    holder_seen_ms_ago: int | None = None
+    checkpoint_id_counter: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentHeartbeat:
+    SCHEMA: ClassVar[str] = f"{NAMESPACE}.AgentHeartbeat"
+    job_id: str
+    agent_id: str
+    attempt: int
     timestamp: int
 
 
@@ -350,6 +393,8 @@ Event = (
     | CheckpointStoreRecord
     | CoordinatorAnnouncement
     | SinkEpochPublished
+    | RegistrationResponse
+    | AgentHeartbeat
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -367,4 +412,6 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     CheckpointStoreRecord,
     CoordinatorAnnouncement,
     SinkEpochPublished,
+    RegistrationResponse,
+    AgentHeartbeat,
 )
