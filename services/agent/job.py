@@ -24,7 +24,6 @@ from __future__ import annotations
 import enum
 import importlib
 import importlib.util
-import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,10 +32,8 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from services.agent.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
-
-JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
+from services.common.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
+from services.common.limits import JOB_ID_PATTERN
 
 # --- state declarations ----------------------------------------------------------------------
 

@@ -21,9 +21,9 @@ import pyarrow.json as pajson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from services.agent.job import KeyedFunction, KeyedState, MapFunction, StateDescriptor
-from services.agent.keygroups import key_groups, operator_indexes
 from services.agent.state import decode_state, encode_state, read_file, working_path, write_file
 from services.common.kafka import consumer_config
+from services.common.keygroups import key_groups, operator_indexes
 
 log = logging.getLogger(__name__)
 

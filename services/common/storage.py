@@ -6,7 +6,9 @@ delete outside the checkpoint and savepoint roots).
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
+import re
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,6 +17,9 @@ import fsspec
 from fsspec.core import url_to_fs
 
 log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = re.compile(r"^chk-(\d+)$")
+"""A checkpoint's directory under ``<checkpoint-dir>/<job-id>/``: ``chk-<id>``."""
 
 
 class PathOutsideRoots(ValueError):
@@ -27,6 +32,30 @@ def _split(url: str) -> tuple[str, str]:
         protocol, rest = url.split("://", 1)
         return protocol, posixpath.normpath("/" + rest.lstrip("/"))
     return "file", str(Path(url).expanduser().resolve())
+
+
+def canonical(url: str) -> str:
+    """A path or URL in one spelling: absolute, no ``.``/``..`` segments, no doubled or trailing
+    slashes. Pure string work (no file system calls), for comparing and prefix-testing paths that
+    came from events. Local paths resolve against the working directory."""
+    if "://" in url:
+        protocol, rest = url.split("://", 1)
+        if _plain("/" + rest):
+            return url
+        return f"{protocol}://{posixpath.normpath('/' + rest.lstrip('/')).lstrip('/')}"
+    if _plain(url):
+        return url  # the common case, already canonical: no work on the acknowledgement path
+    return os.path.normpath(os.path.abspath(os.path.expanduser(url)))
+
+
+def _plain(path: str) -> bool:
+    return path.startswith("/") and "/." not in path and "//" not in path and not path.endswith("/")
+
+
+def within(path: str, directory: str) -> bool:
+    """Whether ``path`` lies strictly inside ``directory`` (both compared in `canonical` form)."""
+    inner, outer = canonical(path), canonical(directory)
+    return inner.startswith(outer.rstrip("/") + "/")
 
 
 class Storage:

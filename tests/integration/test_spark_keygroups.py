@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from services.agent.keygroups import key_group, key_group_range, key_groups, operator_index
+from services.common.keygroups import key_group, key_group_range, key_groups, operator_index
 
 pytestmark = pytest.mark.spark
 

@@ -8,7 +8,7 @@ import pytest
 
 from services.agent.example import PaymentStats, payments, positive, reference_output
 from services.agent.job import KeyedState
-from services.agent.keygroups import key_groups
+from services.common.keygroups import key_groups
 
 
 def run(batches: list[pd.DataFrame], end_of_input: bool) -> list[tuple[str, str, int, int]]:

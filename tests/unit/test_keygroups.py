@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from services.agent.keygroups import (
+from services.common.keygroups import (
     KeyGroupRange,
     default_max_parallelism,
     java_hash,
