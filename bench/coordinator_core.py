@@ -44,7 +44,9 @@ TARGET_ACKS_PER_S = 200_000
 
 
 def main() -> None:
-    config = CheckpointConfig(interval_ms=INTERVAL_MS, timeout_ms=10_000, num_retained=1)
+    config = CheckpointConfig(
+        interval_ms=INTERVAL_MS, timeout_ms=10_000, num_retained=1, checkpoint_dir="/cp"
+    )
     subtasks = tuple(f"keyed-{i}" for i in range(SUBTASKS))
     coordinators = {}
     timers = TimerQueue()
@@ -107,7 +109,7 @@ def main() -> None:
             _, _, ack = heapq.heappop(acks)
             core = coordinators[ack.job_id]
             started = clock()
-            _, commands = core.on_acknowledge(ack, now)
+            _, commands, _ = core.on_acknowledge(ack, now)
             spent["ack"] += clock() - started
             counted["ack"] += 1
             handle(commands, core)

@@ -46,6 +46,7 @@ from services.common.kafka import (
     make_consumer,
     make_producer,
 )
+from services.common.keygroups import key_group_range
 from services.common.settings import CheckpointConfig
 from services.common.topics import ACKS, CONTROL, JOBS, create_topics
 from services.coordinator.main import serve
@@ -77,11 +78,12 @@ class FleetAgent:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> None:
-        per = 128 // len(self.subtasks)
+        n = len(self.subtasks)
+        ranges = [key_group_range(128, n, i) for i in range(n)]
         for job in self.jobs:
             registration = JobRegistered(
-                job, "bench", "fleet", 0, JobStatus.RUNNING, len(self.subtasks), 128,
-                [Subtask(s, i, i * per, (i + 1) * per - 1) for i, s in enumerate(self.subtasks)],
+                job, "bench", "fleet", 0, JobStatus.RUNNING, n, 128,
+                [Subtask(s, i, r.start, r.end) for i, (s, r) in enumerate(zip(self.subtasks, ranges, strict=True))],
                 {"execution.checkpointing.interval": self.interval, "execution.checkpointing.timeout": "30s"},
                 now_ms(),
             )  # fmt: skip
@@ -110,7 +112,7 @@ class FleetAgent:
                         ack = AcknowledgeCheckpoint(
                             event.job_id, event.checkpoint_id, subtask, 0, now_ms(),
                             [StateHandle(f"{event.target_location}/{subtask}", StateHandleKind.KEYED_STATE, 64)],
-                            64, 0, 0, 0, 0, False, 64, 0,
+                            64, 0, 0, 0, 0, False, 64, 0, agent_id="fleet",
                         )  # fmt: skip
                         self.publisher.publish_nowait(ACKS, event.job_id, ack)
                     self.publisher.producer.poll(0)

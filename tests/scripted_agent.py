@@ -1,7 +1,8 @@
 """A scripted agent for coordinator tests and benchmarks: it registers a job on the real broker
 and answers each trigger as its script says (acknowledge after a delay, decline, hang, crash,
 acknowledge twice). It writes a small real state file per acknowledgement, records every control
-event it sees, and drops control events from an older ownership epoch, as real agents do."""
+event it sees, sends heartbeats, and drops control events from an older ownership epoch or
+addressed to another agent or attempt, as real agents do."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from confluent_kafka import TopicPartition
 from services.common.avro import EventCodec
 from services.common.events import (
     AcknowledgeCheckpoint,
+    AgentHeartbeat,
     CheckpointFailureReason,
     DeclineCheckpoint,
     FailoverRequest,
@@ -27,12 +29,15 @@ from services.common.events import (
     JobStatusChanged,
     NotifyCheckpointAborted,
     NotifyCheckpointComplete,
+    RegistrationResponse,
     StateHandle,
     StateHandleKind,
     Subtask,
     TriggerCheckpoint,
 )
 from services.common.kafka import EventPublisher, EventSubscriber, make_consumer, make_producer
+from services.common.keygroups import key_group_range
+from services.common.limits import HEARTBEAT_INTERVAL_MS
 from services.common.topics import ACKS, CONTROL, JOBS
 
 
@@ -67,9 +72,11 @@ class ScriptedAgent:
     script: Script = field(default_factory=lambda: always(Answer()))
     state_dir: Path | None = None
     attempt: int = 0
+    heartbeat: bool = True
+    agent_id: str = ""
 
     def __post_init__(self) -> None:
-        self.agent_id = f"scripted-{uuid.uuid4().hex[:6]}"
+        self.agent_id = self.agent_id or f"scripted-{uuid.uuid4().hex[:6]}"
         self.subtasks = [f"keyed-{i}" for i in range(self.parallelism)]
         self.publisher = EventPublisher(
             make_producer(self.bootstrap, one_record_per_batch=True), self.codec
@@ -83,8 +90,10 @@ class ScriptedAgent:
         self._epoch = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.responses: list[RegistrationResponse] = []
         self._due: list[tuple[float, int, AcknowledgeCheckpoint | DeclineCheckpoint]] = []
         self._sequence = 0
+        self._next_heartbeat = 0.0
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -95,10 +104,10 @@ class ScriptedAgent:
         return self
 
     def register(self, status: JobStatus = JobStatus.RUNNING) -> None:
-        per = 128 // self.parallelism
+        ranges = [key_group_range(128, self.parallelism, i) for i in range(self.parallelism)]
         registration = JobRegistered(
             self.job_id, f"scripted {self.job_id}", self.agent_id, self.attempt, status, self.parallelism, 128,
-            [Subtask(s, i, i * per, (i + 1) * per - 1) for i, s in enumerate(self.subtasks)],
+            [Subtask(s, i, r.start, r.end) for i, (s, r) in enumerate(zip(self.subtasks, ranges, strict=True))],
             self.configuration, int(time.time() * 1000),
         )  # fmt: skip
         self.partition = self.publisher.publish_sync(JOBS, self.job_id, registration).partition
@@ -145,6 +154,13 @@ class ScriptedAgent:
             subscriber.close()
 
     def _on_control(self, event: object) -> None:
+        if isinstance(event, RegistrationResponse):
+            if event.agent_id == self.agent_id:
+                self.responses.append(event)
+            return
+        addressed = (getattr(event, "agent_id", None), getattr(event, "attempt", None))
+        if addressed[0] is not None and addressed != (self.agent_id, self.attempt):
+            return
         epoch = getattr(event, "owner_epoch", 0)
         if epoch < self._epoch:
             self.stale += 1
@@ -172,7 +188,7 @@ class ScriptedAgent:
         if answer.action is Action.DECLINE:
             message: AcknowledgeCheckpoint | DeclineCheckpoint = DeclineCheckpoint(
                 self.job_id, trigger.checkpoint_id, subtask, self.attempt, CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION,
-                int(time.time() * 1000), "scripted decline",
+                int(time.time() * 1000), "scripted decline", agent_id=self.agent_id,
             )  # fmt: skip
         else:
             message = self._acknowledgement(trigger, subtask)
@@ -188,10 +204,15 @@ class ScriptedAgent:
         return AcknowledgeCheckpoint(
             self.job_id, trigger.checkpoint_id, subtask, self.attempt, int(time.time() * 1000),
             [StateHandle(path, StateHandleKind.KEYED_STATE, 64)], 64, 1, 1, 2, 0, trigger.unaligned, 64, 0,
+            agent_id=self.agent_id,
         )  # fmt: skip
 
     def _send_due(self) -> None:
         now = time.monotonic()
+        if self.heartbeat and now >= self._next_heartbeat:
+            self._next_heartbeat = now + HEARTBEAT_INTERVAL_MS / 1000
+            beat = AgentHeartbeat(self.job_id, self.agent_id, self.attempt, int(time.time() * 1000))
+            self.publisher.publish_nowait(ACKS, self.job_id, beat)
         while self._due and self._due[0][0] <= now:
             _, _, message = heapq.heappop(self._due)
             self.publisher.publish_nowait(ACKS, self.job_id, message)

@@ -1,8 +1,10 @@
 """The coordinator's REST API, in Flink's JSON shapes (FastAPI; ``GET /openapi.json``).
 
-Errors are Flink's ``{"errors": ["message"]}`` with a 4xx status; a message about a request
-field names the field. Requests for a job this instance does not own answer 404 (see the README
-for how requests find the owning instance).
+Errors are Flink's ``{"errors": ["message"]}`` with a 4xx or 503 status; a message about a
+request field names the field. A request for a job that another coordinator instance owns is
+answered with a 307 redirect to the same request on the owner (method and body kept); one for a
+job that no instance owns answers 404 (see the README for how requests find the owning instance).
+Every operation declares in ``/openapi.json`` each status it can answer and the body of each.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import PurePosixPath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Body, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,16 +24,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from services.common.events import CheckpointSettings
+from services.common.limits import MAX_ID, MAX_TEXT
 from services.common.settings import PREFIX, REST_FIELDS, CheckpointConfig, ConfigError
 from services.common.storage import PathOutsideRoots
 from services.coordinator.service import (
     CoordinatorService,
-    NotOwner,
     OwnedJob,
     TriggerRequest,
     UnknownJob,
     UpdateInProgress,
 )
+from services.coordinator.writer import NotOwner
 
 OPTION_TO_REST = {
     PREFIX + "interval": "checkpointInterval",
@@ -41,18 +45,23 @@ OPTION_TO_REST = {
     PREFIX + "aligned-checkpoint-timeout": "alignedCheckpointTimeout",
 }
 
+MAX_COUNT = 2**31 - 1
+"""Counts in the override record are Avro ints."""
+
 
 class ConfigurationUpdate(BaseModel):
     """``PATCH /jobs/{jobid}/checkpoints/configuration``: every field optional, durations in ms."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    checkpointInterval: int | None = Field(default=None, gt=0)
-    checkpointTimeout: int | None = Field(default=None, gt=0)
-    minPauseBetweenCheckpoints: int | None = Field(default=None, ge=0)
-    maxConcurrentCheckpoints: int | None = Field(default=None, ge=1)
-    tolerableCheckpointFailureNumber: int | None = Field(default=None, ge=0)
-    alignedCheckpointTimeout: int | None = Field(default=None, ge=0)
+    # Bounded by what the override record carries (Avro long durations below MAX_ID, int
+    # counts): a larger value is a 400 naming the field, not a change that fails to persist.
+    checkpointInterval: int | None = Field(default=None, gt=0, le=MAX_ID)
+    checkpointTimeout: int | None = Field(default=None, gt=0, le=MAX_ID)
+    minPauseBetweenCheckpoints: int | None = Field(default=None, ge=0, le=MAX_ID)
+    maxConcurrentCheckpoints: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    tolerableCheckpointFailureNumber: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    alignedCheckpointTimeout: int | None = Field(default=None, ge=0, le=MAX_ID)
 
     def settings(self) -> CheckpointSettings:
         return CheckpointSettings(
@@ -65,7 +74,10 @@ class SavepointRequest(BaseModel):
 
     target_directory: str | None = Field(default=None, alias="target-directory")
     cancel_job: bool = Field(default=False, alias="cancel-job")
-    formatType: str = "CANONICAL"
+    # documented as the enum it is; checked in the handler, whose message names the field
+    formatType: str = Field(
+        default="CANONICAL", json_schema_extra={"enum": ["CANONICAL", "NATIVE"]}
+    )
 
 
 class StopRequest(BaseModel):
@@ -78,7 +90,9 @@ class StopRequest(BaseModel):
 class CheckpointTriggerBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    checkpointType: str = "CONFIGURED"
+    checkpointType: str = Field(
+        default="CONFIGURED", json_schema_extra={"enum": ["CONFIGURED", "FULL", "INCREMENTAL"]}
+    )
 
 
 class NotHere(Exception):
@@ -87,6 +101,223 @@ class NotHere(Exception):
     def __init__(self, job_id: str) -> None:
         super().__init__(job_id)
         self.job_id = job_id
+
+
+# --- what each operation answers, for /openapi.json ----------------------------------------------
+# The handlers return plain dicts (their JSON is Flink's, unchanged); these models only document
+# the bodies. A model allows more properties than it names, as Flink's clients ignore new ones.
+
+
+class Errors(BaseModel):
+    """Every error, in Flink's shape; a message about a request field names the field."""
+
+    errors: list[str]
+
+
+class JobOverview(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    name: str
+    status: str
+    parallelism: int
+
+
+class JobList(BaseModel):
+    """``GET /jobs``: the jobs this instance drives, then those that ended here."""
+
+    model_config = ConfigDict(extra="allow")
+
+    jobs: list[JobOverview]
+
+
+class Externalization(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    enabled: bool
+    delete_on_cancellation: bool
+
+
+class CheckpointConfigInfo(BaseModel):
+    """The effective checkpointing configuration (Flink's CheckpointConfigInfo), durations in
+    ms; ``interval`` is null when periodic checkpoints are off."""
+
+    model_config = ConfigDict(extra="allow")
+
+    mode: Literal["exactly_once", "at_least_once"]
+    interval: int | None
+    timeout: int
+    min_pause: int
+    max_concurrent: int
+    tolerable_failed_checkpoints: int
+    unaligned_checkpoints: bool
+    aligned_checkpoint_timeout: int
+    externalization: Externalization
+    state_backend: str
+    checkpoint_storage: str
+    checkpoints_after_tasks_finish: bool
+    num_retained: int
+    interval_during_backlog: int | None
+
+
+class CheckpointCounts(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    restored: int
+    total: int
+    in_progress: int
+    completed: int
+    failed: int
+
+
+class CheckpointStatistics(BaseModel):
+    """One checkpoint or savepoint of the history (Flink's CheckpointStatistics)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    className: str
+    id: int
+    status: Literal["IN_PROGRESS", "COMPLETED", "FAILED"]
+    is_savepoint: bool
+    trigger_timestamp: int
+    latest_ack_timestamp: int
+    state_size: int
+    end_to_end_duration: int
+    num_subtasks: int
+    num_acknowledged_subtasks: int
+    checkpoint_type: str
+
+
+class LatestCheckpoints(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    completed: CheckpointStatistics | None
+    savepoint: CheckpointStatistics | None
+    failed: CheckpointStatistics | None
+    restored: dict[str, Any] | None
+
+
+class CheckpointingStatistics(BaseModel):
+    """``GET /jobs/{jobid}/checkpoints`` (Flink's CheckpointingStatistics)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    counts: CheckpointCounts
+    summary: dict[str, dict[str, float]]
+    latest: LatestCheckpoints
+    history: list[CheckpointStatistics]
+
+
+class SubtaskCheckpointStatistics(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    index: int
+    subtask_id: str
+    status: Literal["completed", "pending_or_failed"]
+
+
+class CheckpointDetails(CheckpointStatistics):
+    """One checkpoint of the history with a record per subtask."""
+
+    subtasks: list[SubtaskCheckpointStatistics]
+
+
+class TriggerId(BaseModel):
+    """A triggered checkpoint, savepoint or stop: poll its status with the id."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    request_id: str = Field(alias="request-id")
+
+
+class QueueStatus(BaseModel):
+    id: Literal["IN_PROGRESS", "COMPLETED"]
+
+
+class TriggerStatus(BaseModel):
+    """An asynchronous operation's status (Flink's AsynchronousOperationResult): ``operation``
+    is there once it COMPLETED, with the checkpoint id, the savepoint location or the failure."""
+
+    model_config = ConfigDict(extra="allow")
+
+    status: QueueStatus
+    operation: dict[str, Any] | None = None
+
+
+class SavepointEntry(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: int
+    location: str
+    trigger_timestamp: int | None
+
+
+class SavepointList(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    savepoints: list[SavepointEntry]
+
+
+Responses = dict[int | str, dict[str, Any]]
+
+
+def answers(model: type[BaseModel], *errors: Responses) -> Responses:
+    """The ``responses`` of an operation: 200 with ``model``, then the errors it can answer."""
+    declared: Responses = {200: {"model": model, "description": model.__doc__ or "OK"}}
+    for more in errors:
+        declared.update(more)
+    return declared
+
+
+def _error(status: int, description: str) -> Responses:
+    return {status: {"model": Errors, "description": description}}
+
+
+BAD_REQUEST = _error(400, "The request is malformed: a body, parameter or value is invalid.")
+NO_JOB = _error(404, "No coordinator instance owns the job.")
+NOT_FOUND = _error(404, "The job, or what the request names in it, is not known.")
+NO_SAVEPOINTS = _error(404, "The job has no savepoint and is not known to this instance.")
+CONFLICT = _error(409, "Another configuration update of the job is in progress; retry.")
+UNAVAILABLE = _error(503, "The change was not persisted (nothing changed) or the job moved.")
+ELSEWHERE: Responses = {
+    307: {
+        "description": "Another coordinator instance owns the job: the same request (method and "
+        "body kept) at the owner, named by Location.",
+        "headers": {
+            "Location": {
+                "description": "The same request at the owning instance.",
+                "schema": {"type": "string"},
+            }
+        },
+    }
+}
+
+
+def without_422(schema: dict[str, Any]) -> dict[str, Any]:
+    """Drops the 422 FastAPI documents for operations with parameters or a body: a request
+    that fails validation is answered 400 in Flink's error shape (see ``invalid``)."""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if isinstance(operation, dict):
+                operation.get("responses", {}).pop("422", None)
+    components = schema.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)
+    return schema
+
+
+class CoordinatorApp(FastAPI):
+    def openapi(self) -> dict[str, Any]:
+        return without_422(super().openapi())
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (JSON may carry lone surrogates; events cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def error(status: int, *messages: str) -> JSONResponse:
@@ -131,7 +362,9 @@ METRICS = (
 )
 
 
-def metrics_text(jobs: list[OwnedJob], malformed: int) -> str:
+def metrics_text(
+    jobs: list[OwnedJob], malformed: int, rejected: Mapping[tuple[str, str], int] | None = None
+) -> str:
     lines = []
     values: dict[str, list[tuple[OwnedJob, int]]] = {name: [] for name, _, _ in METRICS}
     for job in jobs:
@@ -157,7 +390,13 @@ def metrics_text(jobs: list[OwnedJob], malformed: int) -> str:
         "# HELP sparkpoint_malformed_events_total Messages that could not be decoded and were skipped.",
         "# TYPE sparkpoint_malformed_events_total counter",
         f"sparkpoint_malformed_events_total {malformed}",
+        "# HELP sparkpoint_rejected_events_total Well-formed events refused because they may not touch a running job (invalid registrations, answers from an agent or attempt that does not drive the job, ...).",
+        "# TYPE sparkpoint_rejected_events_total counter",
     ]
+    for (topic, kind), count in sorted((rejected or {}).items()):
+        lines.append(f'sparkpoint_rejected_events_total{{topic="{topic}",kind="{kind}"}} {count}')
+    if not rejected:
+        lines.append("sparkpoint_rejected_events_total 0")
     return "\n".join(lines) + "\n"
 
 
@@ -180,7 +419,7 @@ def trigger_status(request: TriggerRequest) -> dict[str, Any]:
 
 
 def create_app(service: CoordinatorService) -> FastAPI:
-    app = FastAPI(
+    app = CoordinatorApp(
         title="sparkpoint coordinator",
         version="1",
         description="Flink-compatible checkpoint REST API for Spark jobs.",
@@ -197,6 +436,11 @@ def create_app(service: CoordinatorService) -> FastAPI:
             kind = problem.get("type", "")
             if kind == "extra_forbidden":
                 messages.append(f"{field}: unknown field")
+            elif kind == "json_invalid":  # its loc is ("body", offset): name the body instead
+                detail = (problem.get("ctx") or {}).get("error")
+                messages.append(
+                    f"body: invalid JSON ({detail})" if detail else "body: invalid JSON"
+                )
             else:
                 messages.append(f"{field}: {problem.get('msg', 'invalid')}")
         return error(400, *messages)
@@ -221,13 +465,31 @@ def create_app(service: CoordinatorService) -> FastAPI:
         except UnknownJob:
             raise NotHere(job_id) from None
 
+    def directory_problem(field: str, path: str | None) -> JSONResponse | None:
+        """A 400 naming ``field`` when a target directory cannot be used: outside the storage
+        roots, longer than an event carries, or text no file system or event takes (a NUL, a
+        lone surrogate, ``~user`` for no such user)."""
+        if path is None:
+            return None
+        if len(path) > MAX_TEXT:
+            return error(400, f"{field}: longer than {MAX_TEXT} characters")
+        if "\x00" in path or not _encodable(path):
+            return error(400, f"{field}: must not contain NUL characters or lone surrogates")
+        try:
+            service.storage.check(path)
+        except PathOutsideRoots as exc:
+            return error(400, f"{field}: {exc}")
+        except (ValueError, RuntimeError, OSError) as exc:
+            return error(400, f"{field}: not a usable path ({exc})")
+        return None
+
     def known(job_id: str) -> OwnedJob:
         """A running job, or one that ended here: its statistics stay readable, as Flink keeps
         a finished job's checkpoint history."""
         ended = service.ended.get(job_id)
         return ended if ended is not None and job_id not in service.jobs else owned(job_id)
 
-    @app.get("/jobs")
+    @app.get("/jobs", response_model=None, responses=answers(JobList))
     async def jobs() -> dict[str, Any]:
         listed = [
             {"id": job.job_id, "name": job.registration.job_name, "status": job.status.name, "parallelism": job.registration.parallelism}
@@ -235,11 +497,21 @@ def create_app(service: CoordinatorService) -> FastAPI:
         ]  # fmt: skip
         return {"jobs": listed}
 
-    @app.get("/jobs/{jobid}/checkpoints/config")
+    @app.get(
+        "/jobs/{jobid}/checkpoints/config",
+        response_model=None,
+        responses=answers(CheckpointConfigInfo, ELSEWHERE, NO_JOB),
+    )
     async def checkpoint_config(jobid: str) -> dict[str, Any]:
         return config_json(known(jobid).core.config)
 
-    @app.patch("/jobs/{jobid}/checkpoints/configuration")
+    @app.patch(
+        "/jobs/{jobid}/checkpoints/configuration",
+        response_model=None,
+        responses=answers(
+            CheckpointConfigInfo, ELSEWHERE, BAD_REQUEST, NO_JOB, CONFLICT, UNAVAILABLE
+        ),
+    )
     async def update_configuration(
         jobid: str,
         request: Request,
@@ -271,7 +543,11 @@ def create_app(service: CoordinatorService) -> FastAPI:
             return error(503, f"the change was not persisted, nothing changed: {exc}")
         return config_json(config)
 
-    @app.get("/jobs/{jobid}/checkpoints/details/{checkpointid}")
+    @app.get(
+        "/jobs/{jobid}/checkpoints/details/{checkpointid}",
+        response_model=None,
+        responses=answers(CheckpointDetails, ELSEWHERE, BAD_REQUEST, NOT_FOUND),
+    )
     async def details(jobid: str, checkpointid: int) -> dict[str, Any]:
         found = known(jobid).core.stats.details(checkpointid)
         if found is None:
@@ -280,11 +556,19 @@ def create_app(service: CoordinatorService) -> FastAPI:
             )
         return found
 
-    @app.get("/jobs/{jobid}/checkpoints")
+    @app.get(
+        "/jobs/{jobid}/checkpoints",
+        response_model=None,
+        responses=answers(CheckpointingStatistics, ELSEWHERE, NO_JOB),
+    )
     async def checkpoints(jobid: str) -> dict[str, Any]:
         return known(jobid).core.stats.to_json()
 
-    @app.post("/jobs/{jobid}/checkpoints")
+    @app.post(
+        "/jobs/{jobid}/checkpoints",
+        response_model=None,
+        responses=answers(TriggerId, ELSEWHERE, BAD_REQUEST, NO_JOB),
+    )
     async def trigger_checkpoint(
         jobid: str, body: Annotated[CheckpointTriggerBody | None, Body()] = None
     ) -> Any:
@@ -296,7 +580,11 @@ def create_app(service: CoordinatorService) -> FastAPI:
             "request-id": service.trigger(jobid, savepoint=False, full=kind == "FULL").request_id
         }
 
-    @app.get("/jobs/{jobid}/checkpoints/{triggerid}")
+    @app.get(
+        "/jobs/{jobid}/checkpoints/{triggerid}",
+        response_model=None,
+        responses=answers(TriggerStatus, ELSEWHERE, NOT_FOUND),
+    )
     async def checkpoint_status(jobid: str, triggerid: str) -> dict[str, Any]:
         request = service.requests.get(triggerid)
         if request is None and jobid not in service.jobs:
@@ -305,7 +593,11 @@ def create_app(service: CoordinatorService) -> FastAPI:
             raise HTTPException(404, f"No checkpoint request {triggerid} for job {jobid}")
         return trigger_status(request)
 
-    @app.post("/jobs/{jobid}/savepoints")
+    @app.post(
+        "/jobs/{jobid}/savepoints",
+        response_model=None,
+        responses=answers(TriggerId, ELSEWHERE, BAD_REQUEST, NO_JOB),
+    )
     async def trigger_savepoint(
         jobid: str, body: Annotated[SavepointRequest | None, Body()] = None
     ) -> Any:
@@ -313,13 +605,20 @@ def create_app(service: CoordinatorService) -> FastAPI:
         body = body or SavepointRequest()
         if body.formatType not in ("CANONICAL", "NATIVE"):
             return error(400, "formatType: must be CANONICAL or NATIVE")
+        problem = directory_problem("target-directory", body.target_directory)
+        if problem is not None:
+            return problem
         try:
             request = service.trigger(jobid, True, body.target_directory, terminate=body.cancel_job)
         except PathOutsideRoots as exc:
             return error(400, f"target-directory: {exc}")
         return {"request-id": request.request_id}
 
-    @app.get("/jobs/{jobid}/savepoints/{triggerid}")
+    @app.get(
+        "/jobs/{jobid}/savepoints/{triggerid}",
+        response_model=None,
+        responses=answers(TriggerStatus, ELSEWHERE, NOT_FOUND),
+    )
     async def savepoint_status(jobid: str, triggerid: str) -> dict[str, Any]:
         request = service.requests.get(triggerid)
         if request is None and jobid not in service.jobs:
@@ -328,7 +627,11 @@ def create_app(service: CoordinatorService) -> FastAPI:
             raise HTTPException(404, f"No savepoint request {triggerid} for job {jobid}")
         return trigger_status(request)
 
-    @app.get("/jobs/{jobid}/savepoints")
+    @app.get(
+        "/jobs/{jobid}/savepoints",
+        response_model=None,
+        responses=answers(SavepointList, NO_SAVEPOINTS),
+    )
     async def savepoints(jobid: str) -> dict[str, Any]:
         root = service.settings.defaults.savepoint_dir
         found = []
@@ -340,8 +643,10 @@ def create_app(service: CoordinatorService) -> FastAPI:
                 metadata = json.loads(
                     await asyncio.to_thread(service.storage.read, f"{directory}/_metadata")
                 )
-            except (FileNotFoundError, ValueError):
+            except (OSError, ValueError):
                 continue  # not complete: a directory without _metadata is not a savepoint
+            if not isinstance(metadata, dict) or not isinstance(metadata.get("checkpoint_id"), int):
+                continue  # not one this coordinator wrote: no savepoint to list
             if metadata.get("job_id") == jobid:
                 found.append(
                     {
@@ -354,20 +659,26 @@ def create_app(service: CoordinatorService) -> FastAPI:
             raise HTTPException(404, f"Job {jobid} not found")
         return {"savepoints": sorted(found, key=lambda s: s["id"])}
 
-    @app.post("/jobs/{jobid}/stop")
+    @app.post(
+        "/jobs/{jobid}/stop",
+        response_model=None,
+        responses=answers(TriggerId, ELSEWHERE, BAD_REQUEST, NO_JOB),
+    )
     async def stop(jobid: str, body: Annotated[StopRequest | None, Body()] = None) -> Any:
         owned(jobid)
+        target = (body or StopRequest()).targetDirectory
+        problem = directory_problem("targetDirectory", target)
+        if problem is not None:
+            return problem
         try:
-            request = service.trigger(
-                jobid, True, (body or StopRequest()).targetDirectory, terminate=True
-            )
+            request = service.trigger(jobid, True, target, terminate=True)
         except PathOutsideRoots as exc:
             return error(400, f"targetDirectory: {exc}")
         return {"request-id": request.request_id}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> str:
-        return metrics_text(list(service.jobs.values()), service.malformed)
+        return metrics_text(list(service.jobs.values()), service.malformed, service.rejected)
 
     @app.get("/", response_class=HTMLResponse)
     async def dashboard() -> str:

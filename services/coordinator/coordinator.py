@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -44,6 +44,8 @@ from services.common.events import (
     TriggerCheckpoint,
 )
 from services.common.settings import CheckpointConfig
+from services.common.storage import canonical
+from services.coordinator.admission import ack_problem
 from services.coordinator.commands import (
     CancelTimer,
     Command,
@@ -71,8 +73,8 @@ from services.coordinator.store import (
 log = logging.getLogger(__name__)
 
 RECENT_IDS = 16
-"""Ids of recently ended checkpoints remembered to recognise late acknowledgements (Flink keeps
-16): their state is discarded quietly instead of being reported as unknown."""
+"""Recently ended checkpoints remembered (with their directories) to recognise late
+acknowledgements (Flink keeps 16): their private files are discarded quietly."""
 
 NO_COMMANDS: tuple[Command, ...] = ()
 
@@ -83,6 +85,10 @@ Reason = CheckpointFailureReason
 class JobInfo:
     job_id: str
     subtasks: tuple[str, ...]
+    agent_id: str = ""
+    """The agent that drives the job: control events are addressed to it, and only its answers
+    count."""
+    attempt: int = 0
 
     def __post_init__(self) -> None:
         if not self.subtasks:
@@ -104,7 +110,14 @@ class CheckpointCoordinator:
         self.store = CompletedCheckpointStore(self.config.num_retained)
         self.failures = FailureManager(self.config.tolerable_failed)
         self.stats = CheckpointStatsTracker()
-        self.recent_ids: deque[int] = deque(maxlen=RECENT_IDS)
+        self.recent: OrderedDict[int, str] = OrderedDict()
+        """Recently ended checkpoint id -> its directory, newest last, at most RECENT_IDS."""
+        self.last_completed_id: int | None = None
+        """The newest checkpoint or savepoint that ever completed for this job id."""
+        self.status = JobStatus.RUNNING
+        self._subtask_set = frozenset(self.job.subtasks)
+        self.job_dir = canonical(f"{self.config.checkpoint_dir}/{self.job.job_id}")
+        """The job's own directory under the checkpoint storage."""
         self.last_completion_ms: int | None = None
         self.backlog = False
         self.running = False
@@ -142,11 +155,21 @@ class CheckpointCoordinator:
         return commands
 
     def restore(
-        self, retained: Sequence[CompletedCheckpoint], restored_ms: int | None = None
+        self,
+        retained: Sequence[CompletedCheckpoint],
+        restored_ms: int | None = None,
+        last_completed_id: int | None = None,
     ) -> None:
-        """Failover or restart: the retained checkpoints as they were stored. With
-        ``restored_ms``, the latest one is reported as restored in the statistics."""
+        """Failover or restart: the retained checkpoints as they were stored, and the newest id
+        that ever completed. With ``restored_ms``, the latest one is reported as restored in the
+        statistics."""
         self.store.restore(retained)
+        known = [c.checkpoint_id for c in retained]
+        if last_completed_id is not None:
+            known.append(last_completed_id)
+        if self.last_completed_id is not None:
+            known.append(self.last_completed_id)
+        self.last_completed_id = max(known, default=None)
         for checkpoint in retained:
             if checkpoint.is_savepoint and checkpoint.periodic:
                 self._periodic_savepoints_kept.append(checkpoint)
@@ -184,6 +207,7 @@ class CheckpointCoordinator:
     def shutdown(self, status: JobStatus, now_ms: int) -> list[Command]:
         """The job ended: stop, then apply externalized-checkpoint retention."""
         commands = self.suspend(now_ms, Reason.CHECKPOINT_COORDINATOR_SHUTDOWN)
+        self.status = status
         for discard in self.store.shutdown(status, self.config.externalized_retention):
             commands.append(DiscardState(self.job.job_id, discard))
             self.stats.on_discarded(discard.checkpoint_id)
@@ -281,9 +305,10 @@ class CheckpointCoordinator:
         config = self.config
         if request.is_savepoint:
             directory = request.target_directory or config.savepoint_dir
-            location = f"{directory}/savepoint-{job_id[:6]}-{self.rng.getrandbits(48):012x}"
+            name = f"savepoint-{job_id[:6]}-{self.rng.getrandbits(48):012x}"
+            location = canonical(f"{directory}/{name}")  # absolute: agents write where it says
         else:
-            location = f"{config.checkpoint_dir}/{job_id}/chk-{checkpoint_id}"
+            location = f"{self.job_dir}/chk-{checkpoint_id}"
         unaligned = config.unaligned and not request.is_savepoint
         pending = PendingCheckpoint(
             checkpoint_id,
@@ -323,6 +348,8 @@ class CheckpointCoordinator:
                     unaligned,
                     location,
                     aligned_timeout,
+                    agent_id=self._agent_id,
+                    attempt=self.job.attempt,
                 )
             )
         )
@@ -334,40 +361,46 @@ class CheckpointCoordinator:
 
     def on_acknowledge(
         self, ack: AcknowledgeCheckpoint, now_ms: int
-    ) -> tuple[AckResult, Sequence[Command]]:
+    ) -> tuple[AckResult, Sequence[Command], str | None]:
+        """An acknowledgement: (what it did, the commands, why it was refused when it was).
+
+        Only the agent and attempt that drive the job are heard. A late acknowledgement (its
+        checkpoint ended) has its private files discarded: those in the checkpoint's own
+        directory, and copies in ``shared/`` that nothing references. An acknowledgement for a
+        checkpoint this coordinator does not know, or whose files lie anywhere else, is refused
+        and deletes nothing: what it names is left for the retention sweep."""
+        job = self.job
+        if ack.agent_id != self._agent_id or ack.attempt != job.attempt:
+            reason = (
+                f"from agent {ack.agent_id} attempt {ack.attempt}; the job is driven by "
+                f"agent {job.agent_id} attempt {job.attempt}"
+            )
+            return AckResult.REFUSED, NO_COMMANDS, reason
         pending = self.pending.get(ack.checkpoint_id)
+        location = (
+            pending.target_location if pending is not None else self.recent.get(ack.checkpoint_id)
+        )
+        problem = ack_problem(ack, location, self.job_dir, self._subtask_set)
+        if problem is not None:
+            return AckResult.REFUSED, NO_COMMANDS, problem
         if pending is None:
-            known = ack.checkpoint_id in self.recent_ids
-            if not known:
-                log.warning(
-                    "acknowledgement for unknown checkpoint %d of job %s from %s; discarding its state",
-                    ack.checkpoint_id,
-                    ack.job_id,
-                    ack.subtask_id,
-                )
-            return (AckResult.DISCARDED if known else AckResult.UNKNOWN), self._discard_ack(ack)
+            return AckResult.DISCARDED, self._discard_late(ack), None
         result = pending.acknowledge(ack)
         if result is AckResult.SUCCESS:
             if ack.state_handles:
                 self.store.registry.acquire(h.path for h in ack.state_handles)
             if pending.fully_acknowledged:
-                return result, self._fully_acknowledged(pending)
-            return result, NO_COMMANDS
-        if result is AckResult.UNKNOWN:
-            log.warning(
-                "acknowledgement from unknown subtask %s for checkpoint %d of job %s; discarding its state",
-                ack.subtask_id,
-                ack.checkpoint_id,
-                ack.job_id,
-            )
-            return result, self._discard_ack(ack)
-        return result, NO_COMMANDS
+                return result, self._fully_acknowledged(pending), None
+        return result, NO_COMMANDS, None
 
-    def _discard_ack(self, ack: AcknowledgeCheckpoint) -> Sequence[Command]:
+    def _discard_late(self, ack: AcknowledgeCheckpoint) -> Sequence[Command]:
+        """A late acknowledgement's files that provably belong to it alone: inside its
+        checkpoint's directory (already discarded with the checkpoint), or copies in ``shared/``
+        that no retained or pending checkpoint references."""
         free = self.store.registry.unreferenced(h.path for h in ack.state_handles)
         if not free:
             return NO_COMMANDS
-        discard = Discard(ack.checkpoint_id, tuple(free), None, "late or unknown acknowledgement")
+        discard = Discard(ack.checkpoint_id, tuple(free), None, "late acknowledgement")
         return (DiscardState(self.job.job_id, discard),)
 
     def _fully_acknowledged(self, pending: PendingCheckpoint) -> list[Command]:
@@ -388,6 +421,12 @@ class CheckpointCoordinator:
         return commands
 
     def on_decline(self, decline: DeclineCheckpoint, now_ms: int) -> list[Command]:
+        if decline.agent_id != self._agent_id or decline.attempt != self.job.attempt:
+            log.info(
+                "decline of checkpoint %d of job %s from agent %s attempt %d refused: not the agent that drives the job",
+                decline.checkpoint_id, decline.job_id, decline.agent_id, decline.attempt,
+            )  # fmt: skip
+            return []
         pending = self.pending.get(decline.checkpoint_id)
         if (
             pending is None
@@ -416,7 +455,8 @@ class CheckpointCoordinator:
                 f"checkpoint {checkpoint_id} of job {self.job.job_id} is not ready to complete"
             )
         pending.dispose()
-        self.recent_ids.append(checkpoint_id)
+        self._remember(pending)
+        self.last_completed_id = max(checkpoint_id, self.last_completed_id or 0)
         request = pending.request
         acks = pending.acknowledgements.values()
         completed = CompletedCheckpoint(
@@ -445,6 +485,8 @@ class CheckpointCoordinator:
                     completed.is_savepoint,
                     completed.external_path,
                     now_ms,
+                    agent_id=self._agent_id,
+                    attempt=self.job.attempt,
                 )
             )
         )
@@ -522,7 +564,7 @@ class CheckpointCoordinator:
         checkpoint_id = pending.checkpoint_id
         del self.pending[checkpoint_id]
         pending.dispose()
-        self.recent_ids.append(checkpoint_id)
+        self._remember(pending)
         job_id = self.job.job_id
         timer = self._canceller_timers.pop(checkpoint_id, None)
         if timer is not None:
@@ -536,10 +578,11 @@ class CheckpointCoordinator:
         commands.append(
             Publish(
                 NotifyCheckpointAborted(
-                    job_id, self.owner_epoch, checkpoint_id, reason, now_ms, message
+                    job_id, self.owner_epoch, checkpoint_id, reason, now_ms, message,
+                    agent_id=self._agent_id, attempt=self.job.attempt,
                 )
             )
-        )
+        )  # fmt: skip
         event_type = {
             Reason.CHECKPOINT_EXPIRED: CheckpointEventType.EXPIRED,
             Reason.CHECKPOINT_SUBSUMED: CheckpointEventType.SUBSUMED,
@@ -582,6 +625,8 @@ class CheckpointCoordinator:
             failed_checkpoint_id=decision.checkpoint_id,
             restore_checkpoint_id=None if restore is None else restore.checkpoint_id,
             restore_external_path=None if restore is None else restore.external_path,
+            agent_id=self._agent_id,
+            attempt=self.job.attempt,
         )
 
     # --- runtime configuration (FLIP-571 and beyond) ------------------------------------------------
@@ -703,7 +748,22 @@ class CheckpointCoordinator:
             self.counter.get(),
             [c.to_record() for c in self.store.checkpoints],
             now_ms,
+            agent_id=self.job.agent_id or None,
+            attempt=self.job.attempt,
+            last_completed_checkpoint_id=self.last_completed_id,
+            job_status=self.status.name,
+            externalized_retention=self.config.externalized_retention.name,
         )
+
+    @property
+    def _agent_id(self) -> str | None:
+        """Control events go to the agent (and attempt) that drives the job."""
+        return self.job.agent_id or None
+
+    def _remember(self, pending: PendingCheckpoint) -> None:
+        self.recent[pending.checkpoint_id] = pending.target_location
+        while len(self.recent) > RECENT_IDS:
+            self.recent.popitem(last=False)
 
     def _lifecycle(
         self,

@@ -16,6 +16,9 @@ class AckResult(enum.Enum):
     DUPLICATE = "DUPLICATE"
     UNKNOWN = "UNKNOWN"
     DISCARDED = "DISCARDED"
+    REFUSED = "REFUSED"
+    """Not from the agent that drives the job, or its values or files are implausible: ignored,
+    and nothing it names is deleted."""
 
 
 class PendingCheckpoint:

@@ -30,21 +30,24 @@ import contextlib
 import dataclasses
 import json
 import logging
-import queue
+import posixpath
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from services.common.avro import EventCodec
+from services.common.checkpoint_store import newer
 from services.common.clock import SystemClock, TimerQueue
 from services.common.events import (
     AcknowledgeCheckpoint,
+    AgentHeartbeat,
     CheckpointEventType,
     CheckpointFailureReason,
     CheckpointLifecycleEvent,
@@ -60,7 +63,7 @@ from services.common.events import (
     JobStatus,
     JobStatusChanged,
     NotifyCheckpointAborted,
-    NotifyCheckpointComplete,
+    RegistrationResponse,
     SnapshotType,
     TriggerCheckpoint,
 )
@@ -74,20 +77,28 @@ from services.common.kafka import (
     make_producer,
     partition_of,
     replay_topic,
+    true_end_offset,
 )
+from services.common.limits import job_id_problem
 from services.common.settings import REST_FIELDS, CheckpointConfig, ConfigError
-from services.common.storage import Storage
+from services.common.storage import CHECKPOINT_DIR, PathOutsideRoots, Storage
 from services.common.topics import (
     ACKS,
-    CHECKPOINT_EVENTS,
     CHECKPOINT_OVERRIDES,
     CHECKPOINT_STORE,
-    CONFIG_CHANGES,
-    CONTROL,
     COORDINATORS,
     JOBS,
-    TopicSpec,
     topic_prefix,
+)
+from services.coordinator.admission import (
+    ACCEPT,
+    Admission,
+    Holder,
+    Refusal,
+    admit,
+    adopt,
+    registration_problem,
+    sender_problem,
 )
 from services.coordinator.commands import (
     CancelTimer,
@@ -103,40 +114,16 @@ from services.coordinator.commands import (
 from services.coordinator.coordinator import CheckpointCoordinator, JobInfo
 from services.coordinator.pending import AckResult
 from services.coordinator.store import CompletedCheckpoint, InMemoryCheckpointIdCounter
+from services.coordinator.writer import NotOwner, PartitionWriter, Tombstone
 from services.overrides.store import OverrideStore
 
 log = logging.getLogger(__name__)
 
-TOPIC_OF: dict[type, Any] = {
-    TriggerCheckpoint: CONTROL,
-    NotifyCheckpointComplete: CONTROL,
-    NotifyCheckpointAborted: CONTROL,
-    FailoverRequest: CONTROL,
-    CheckpointLifecycleEvent: CHECKPOINT_EVENTS,
-    CheckpointStoreRecord: CHECKPOINT_STORE,
-    ConfigChange: CONFIG_CHANGES,
-    CheckpointOverrides: CHECKPOINT_OVERRIDES,
-}
-
 POLL_TIMEOUT_S = 0.05
 """Consumer threads wake this often to notice stop requests and reassignments."""
 
-MAX_BATCH = 500
-"""Batches a writer commits in one transaction at most (group commit under load)."""
-
-TRANSACTION_TIMEOUT_S = 10.0
-"""Beginning, producing and committing one batch; longer means the broker is in trouble."""
-
-
 LEFT_PENDING_WINDOW = 16
 """How many of the newest ids a new owner declares aborted (see `_left_pending`)."""
-
-
-@dataclass(frozen=True)
-class Tombstone:
-    """Delete the job's record on a compacted topic (published with the job's other events)."""
-
-    topic: TopicSpec
 
 
 class UpdateInProgress(RuntimeError):
@@ -145,10 +132,6 @@ class UpdateInProgress(RuntimeError):
 
 class UnknownJob(KeyError):
     """No job with that id is owned by this instance (404)."""
-
-
-class NotOwner(RuntimeError):
-    """This instance lost the partition while an operation was under way."""
 
 
 @dataclass
@@ -174,142 +157,29 @@ class OwnedJob:
     status: JobStatus = JobStatus.RUNNING
     updating: bool = False
     last_failover: FailoverRequest | None = None
+    last_seen_ms: int = 0
+    """When this coordinator last heard from the job's agent (its own clock)."""
 
     @property
     def job_id(self) -> str:
         return self.registration.job_id
 
+    def holder(self) -> Holder:
+        return Holder(self.registration.agent_id, self.registration.attempt, self.last_seen_ms)
 
-# --- publishing: one transactional producer per owned partition -----------------------------------
 
+@dataclass
+class ReplayedPartition:
+    """A partition of the jobs topic being read from the start after its assignment, up to the
+    end offset taken then: each job's well-keyed registrations and status changes, in order."""
 
-class PartitionWriter:
-    """Publishes batches for the jobs of one partition, in order, each batch one transaction.
-    A fenced producer marks the writer dead: the partition is no longer ours."""
+    end: int
+    jobs: dict[str, list[JobRegistered | JobStatusChanged]] = field(default_factory=dict)
 
-    def __init__(
-        self,
-        bootstrap: str,
-        partition: int,
-        codec: EventCodec,
-        on_fenced: Callable[[PartitionWriter], None],
-    ) -> None:
-        self.partition = partition
-        self.codec = codec
-        self.on_fenced = on_fenced
-        self.transactional_id = f"{topic_prefix()}coordinator-p{partition}"
-        self._topic_of = {kind: spec.name() for kind, spec in TOPIC_OF.items()}  # resolved once
-        # One record per batch: the audit and store topics are replayed to their end offsets,
-        # which the embedded broker reports right only for one-record batches.
-        self.producer: Producer = make_producer(
-            bootstrap,
-            transactional_id=self.transactional_id,
-            client_id=f"sparkpoint-coordinator-p{partition}",
-            one_record_per_batch=True,
-        )
-        self.producer.init_transactions(TRANSACTION_TIMEOUT_S)  # fences the previous owner
-        self.alive = True
-        self.accepting = True
-        self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[str, list[Event | Tombstone], Future[None]] | None] = (
-            queue.Queue()
-        )
-        self._thread = threading.Thread(
-            target=self._run, name=f"sparkpoint-writer-p{partition}", daemon=True
-        )
-        self._thread.start()
-
-    def submit(self, key: str, events: Sequence[Event | Tombstone]) -> Future[None]:
-        done: Future[None] = Future()
-        with self._lock:
-            if self.accepting and self.alive:
-                self._queue.put((key, list(events), done))
-                return done
-        done.set_exception(NotOwner(f"partition {self.partition} is not ours any more"))
-        return done
-
-    def close(self) -> None:
-        """Commits everything already queued, then stops; later submits fail at once."""
-        with self._lock:
-            if self.accepting:
-                self.accepting = False
-                self._queue.put(None)
-        self._thread.join(TRANSACTION_TIMEOUT_S * 2)
-
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            closing = False
-            # Group commit: everything queued meanwhile goes into the same transaction, in order.
-            while len(batch) < MAX_BATCH:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    closing = True
-                    break
-                batch.append(item)
-            self._commit_batch(batch)
-            if closing:
-                return
-
-    def _commit_batch(self, batch: list[tuple[str, list[Event | Tombstone], Future[None]]]) -> None:
-        if not self.alive:
-            for _, _, done in batch:
-                done.set_exception(NotOwner(f"partition {self.partition} is not ours any more"))
-            return
-        try:
-            self._commit(batch)
-        except KafkaException as exc:
-            error: KafkaError = exc.args[0]
-            if error.fatal() or error.code() == KafkaError._FENCED:
-                self.alive = False
-                log.error(
-                    "partition %d: producer fenced, ownership lost: %s", self.partition, error.str()
-                )
-                self.on_fenced(self)
-                failure: Exception = NotOwner(f"fenced on partition {self.partition}")
-            else:
-                self._abort()
-                failure = exc
-            for _, _, done in batch:
-                done.set_exception(failure)
-            return
-        except Exception as exc:
-            self._abort()
-            for _, _, done in batch:
-                done.set_exception(exc)
-            return
-        for _, _, done in batch:
-            done.set_result(None)
-
-    def _commit(self, batch: list[tuple[str, list[Event | Tombstone], Future[None]]]) -> None:
-        producer = self.producer
-        producer.begin_transaction()
-        for key, events, _ in batch:
-            for event in events:
-                if isinstance(event, Tombstone):
-                    producer.produce(
-                        event.topic.name(), key=key.encode(), value=None, partition=self.partition
-                    )
-                    continue
-                producer.produce(
-                    self._topic_of[type(event)],
-                    key=key.encode(),
-                    value=self.codec.encode(event),
-                    partition=self.partition,
-                )
-        producer.commit_transaction(TRANSACTION_TIMEOUT_S)
-
-    def _abort(self) -> None:
-        try:
-            self.producer.abort_transaction(TRANSACTION_TIMEOUT_S)
-        except KafkaException as exc:
-            log.warning("partition %d: abort failed: %s", self.partition, exc)
+    def add(self, record: Received) -> None:
+        event = record.event
+        if isinstance(event, JobRegistered | JobStatusChanged) and event.job_id == record.key:
+            self.jobs.setdefault(event.job_id, []).append(event)
 
 
 # --- the service ------------------------------------------------------------------------------------
@@ -322,13 +192,17 @@ class ServiceSettings:
     instance_id: str = field(default_factory=lambda: f"coordinator-{uuid.uuid4().hex[:8]}")
     rest_url: str = ""
 
+    def roots(self) -> list[str]:
+        """The storage roots: every path the coordinator writes or deletes lies inside one."""
+        return [self.defaults.checkpoint_dir, self.defaults.savepoint_dir]
+
 
 class CoordinatorService:
     def __init__(self, settings: ServiceSettings, codec: EventCodec | None = None) -> None:
         self.settings = settings
         self.codec = codec or EventCodec()
         self.clock = SystemClock()
-        self.storage = Storage([settings.defaults.checkpoint_dir, settings.defaults.savepoint_dir])
+        self.storage = Storage(settings.roots())
         self.jobs: dict[str, OwnedJob] = {}
         self.requests: dict[str, TriggerRequest] = {}
         self.ended: dict[str, OwnedJob] = {}
@@ -341,7 +215,16 @@ class CoordinatorService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: asyncio.Queue[Callable[[], None]] = asyncio.Queue()
         self._replayed_overrides: dict[str, CheckpointOverrides] = {}
-        self._replayed_stores: dict[int, dict[str, CheckpointStoreRecord]] = {}
+        self.durable: dict[str, CheckpointStoreRecord] = {}
+        """Every owned job's store record as it stands once what was submitted commits: replayed
+        on assignment, then updated with each record this instance writes."""
+        self.rejected: Counter[tuple[str, str]] = Counter()
+        """(topic, kind) -> events refused because they may not touch a running job."""
+        self._noted_agents: set[str] = set()
+        self._replaying: dict[int, ReplayedPartition] = {}
+        self._replay_targets: dict[int, int] = {}
+        """Partition -> end offset to replay to, for the jobs consumer thread."""
+        self._replay_lock = threading.Lock()
         self._ack_partitions: set[int] = set()
         self._ack_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -418,8 +301,27 @@ class CoordinatorService:
             while not self._stop.is_set():
                 for record in subscriber.poll(POLL_TIMEOUT_S):
                     self._post(lambda r=record: self._on_job_record(r))  # type: ignore[misc]
+                self._check_replays(consumer)
         finally:
             consumer.close()
+
+    def _check_replays(self, consumer: Consumer) -> None:
+        """In the consumer thread: a partition whose position reached the end offset taken at
+        assignment has been replayed (also when its last records were malformed and skipped)."""
+        with self._replay_lock:
+            waiting = dict(self._replay_targets)
+        if not waiting:
+            return
+        topic = JOBS.name()
+        try:
+            positions = consumer.position([TopicPartition(topic, p) for p in waiting])
+        except KafkaException:
+            return
+        for tp in positions:
+            if tp.offset >= waiting[tp.partition]:
+                with self._replay_lock:
+                    self._replay_targets.pop(tp.partition, None)
+                self._post(lambda p=tp.partition: self._finish_replay(p))  # type: ignore[misc]
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         owned = sorted(tp.partition for tp in partitions)
@@ -432,10 +334,13 @@ class CoordinatorService:
                 self.settings.bootstrap, partition, self.codec, self._on_fenced
             )
         overrides, stores = self._replay(owned)
+        ends = self._jobs_end_offsets(owned)
         epochs = {
             p: 1 + max((r.owner_epoch for r in stores.get(p, {}).values()), default=0)
             for p in owned
         }
+        with self._replay_lock:
+            self._replay_targets.update({p: end for p, end in ends.items() if end > 0})
         for tp in partitions:
             tp.offset = -2  # OFFSET_BEGINNING: every registration of the partition, again
         consumer.assign(partitions)
@@ -444,7 +349,11 @@ class CoordinatorService:
             self.writers.update(writers)
             self.epochs.update(epochs)
             self._replayed_overrides.update(overrides)
-            self._replayed_stores.update(stores)
+            for partition in owned:
+                for job_id, record in stores.get(partition, {}).items():
+                    self.durable[job_id] = record
+                if ends.get(partition, 0) > 0:
+                    self._replaying[partition] = ReplayedPartition(ends[partition])
             with self._ack_lock:
                 self._ack_partitions |= set(owned)
             log.info("%s owns partitions %s (epochs %s)", self.settings.instance_id, owned, epochs)
@@ -453,10 +362,22 @@ class CoordinatorService:
 
         self._post(apply)
 
+    def _jobs_end_offsets(self, partitions: list[int]) -> dict[int, int]:
+        """Where the replay of each assigned partition of the jobs topic ends: the true end
+        offset now (see `true_end_offset`: agents may write batches of several records)."""
+        consumer = make_consumer(self.settings.bootstrap, profile=ConsumerProfile.REPLAY)
+        try:
+            return {p: true_end_offset(consumer, JOBS.name(), p) for p in partitions}
+        finally:
+            consumer.close()
+
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         lost = {tp.partition for tp in partitions}
         with self._ack_lock:
             self._ack_partitions -= lost
+        with self._replay_lock:
+            for partition in lost:
+                self._replay_targets.pop(partition, None)
         # Commit what is queued for these partitions before the group moves on: the next owner
         # (maybe this instance again) replays the store and must see every id already used.
         for partition in lost:
@@ -480,11 +401,13 @@ class CoordinatorService:
                 if isinstance(command, CancelTimer):
                     self.timers.cancel(command.timer)
             log.info("job %s released (partition %d)", job_id, job.partition)
+        for job_id in [j for j in self.durable if self._partition_of(j) in partitions]:
+            del self.durable[job_id]  # the next owner replays what was committed
         for partition in partitions:
             writer = self.writers.pop(partition, None)
             if writer is not None:
                 threading.Thread(target=writer.close, daemon=True).start()
-            self._replayed_stores.pop(partition, None)
+            self._replaying.pop(partition, None)
         self._announce()
 
     # --- who owns what: the coordinators topic ------------------------------------------------------
@@ -565,56 +488,116 @@ class CoordinatorService:
                 continue
             if event is None:
                 stores[record.partition].pop(record.key, None)
-            elif isinstance(event, CheckpointStoreRecord):
-                current = stores[record.partition].get(record.key)
-                if current is None or (event.owner_epoch, event.checkpoint_id_counter) >= (
-                    current.owner_epoch,
-                    current.checkpoint_id_counter,
-                ):
-                    stores[record.partition][record.key] = event
+            elif (
+                isinstance(event, CheckpointStoreRecord)
+                and event.job_id == record.key
+                and newer(event, stores[record.partition].get(record.key))
+            ):
+                stores[record.partition][record.key] = event
         return overrides, stores
+
+    def _partition_of(self, job_id: str) -> int:
+        return partition_of(job_id, self.partition_count) if self.partition_count else -1
 
     def _on_job_record(self, record: Received) -> None:
         if record.partition not in self.writers or record.key is None:
             return
+        replay = self._replaying.get(record.partition)
+        if replay is not None:
+            if record.offset < replay.end:
+                replay.add(record)
+                if record.offset == replay.end - 1:
+                    self._finish_replay(record.partition)
+                return
+            self._finish_replay(record.partition)  # a live record: the history is complete
         event = record.event
         if event is None:
-            self._end_job(record.key, JobStatus.CANCELED)
+            self._on_tombstone(record)
         elif isinstance(event, JobRegistered):
-            if event.status.is_terminal:
-                self._end_job(event.job_id, event.status)
-            else:
-                self._register(event, record.partition)
+            self._on_registration(record, event)
         elif isinstance(event, JobStatusChanged):
-            job = self.jobs.get(event.job_id)
-            if event.status.is_terminal:
-                self._end_job(event.job_id, event.status)
-            elif job is not None and event.end_of_input:
-                # FLIP-147: bounded input ended; the final checkpoint goes now, not at the next tick
-                self._execute(job, job.core.trigger_checkpoint(self.clock.now_ms()))
-            elif job is not None and event.processing_backlog is not None:
-                self._execute(
-                    job, job.core.set_backlog(event.processing_backlog, self.clock.now_ms())
-                )
+            self._on_status(record, event)
         else:
             _skip_unexpected(record)
 
-    def _register(self, registration: JobRegistered, partition: int) -> None:
-        previous = self.jobs.get(registration.job_id)
+    def _finish_replay(self, partition: int) -> None:
+        """The partition's history is read: take over its jobs as the previous owner left them
+        (`adopt`), running or ended, and answer their agents again."""
+        replay = self._replaying.pop(partition, None)
+        if replay is None:
+            return
+        roots = ", ".join(self.settings.roots())
+        for job_id, records in replay.jobs.items():
+            history = [
+                e
+                for e in records
+                if not isinstance(e, JobRegistered)
+                or registration_problem(e, job_id, self._in_roots, roots) is None
+            ]
+            adoption = adopt(history, self.durable.get(job_id))
+            if adoption is None:
+                continue
+            job = self._start_job(adoption.registration, partition, adopted=True)
+            if adoption.status.is_terminal:
+                self._end_job(job_id, adoption.status)
+            elif job is not None:
+                self._respond(job.job_id, partition, adoption.registration, ACCEPT)
+        log.info("partition %d replayed: %d jobs", partition, len(replay.jobs))
+
+    def _well_formed(self, record: Received, registration: JobRegistered) -> bool:
+        problem = registration_problem(
+            registration, record.key, self._in_roots, ", ".join(self.settings.roots())
+        )
+        if problem is None:
+            return True
+        self._reject(record, "registration", problem)
+        if job_id_problem(registration.job_id) is None and record.key == registration.job_id:
+            self._respond(
+                registration.job_id,
+                record.partition,
+                registration,
+                Admission.refuse(Refusal.INVALID, problem),
+            )
+        return False
+
+    def _on_registration(self, record: Received, registration: JobRegistered) -> None:
+        if not self._well_formed(record, registration):
+            return
+        job = self.jobs.get(registration.job_id)
+        now = self.clock.now_ms()
+        admission = admit(registration, job.holder() if job else None, now)
+        if admission.duplicate:
+            assert job is not None
+            self._respond(job.job_id, job.partition, registration, admission)
+            return
+        if not admission.accepted:
+            assert job is not None and admission.reason is not None
+            self._reject(record, "registration", admission.reason)
+            self._respond(job.job_id, job.partition, registration, admission)
+            # compaction keeps the newest record per job: make it the holder's again
+            self._publish(job, [job.registration])
+            return
+        self._start_job(registration, record.partition)
+
+    def _start_job(
+        self, registration: JobRegistered, partition: int, adopted: bool = False
+    ) -> OwnedJob | None:
+        """A fresh coordinator for an accepted registration (a new job, a restart, a takeover of
+        a job whose agent died, or a job taken over with its partition)."""
+        job_id = registration.job_id
+        previous = self.jobs.get(job_id)
         if previous is not None:
-            same = (previous.registration.agent_id, previous.registration.attempt)
-            if same == (registration.agent_id, registration.attempt):
-                return  # the same registration read again (replay after reassignment)
-            self._end_job(registration.job_id, None)  # a restart: a fresh coordinator, same stores
+            self._end_job(job_id, None)  # a restart: a fresh coordinator, same stores
         try:
             base = CheckpointConfig.from_options(registration.configuration, self.settings.defaults)
-        except ConfigError as exc:
+        except ConfigError as exc:  # the defaults and the job's options together are invalid
             log.error(
-                "job %s registration has an invalid configuration: %s", registration.job_id, exc
+                "job %s: its configuration is invalid with this coordinator's defaults: %s",
+                job_id,
+                exc,
             )
-            return
-        stores = self._replayed_stores.get(partition, {})
-        replayed = self._replayed_overrides.get(registration.job_id)
+            return None
+        replayed = self._replayed_overrides.get(job_id)
         overrides = previous.overrides if previous is not None else replayed
         config = base
         if overrides is not None:
@@ -623,45 +606,174 @@ class CoordinatorService:
             except ConfigError as exc:
                 log.error(
                     "job %s: stored overrides no longer apply (%s); using its configuration",
-                    registration.job_id,
+                    job_id,
                     exc,
                 )
         subtasks = tuple(s.subtask_id for s in registration.subtasks)
         core = CheckpointCoordinator(
-            JobInfo(registration.job_id, subtasks),
+            JobInfo(job_id, subtasks, registration.agent_id, registration.attempt),
             config,
             InMemoryCheckpointIdCounter(),
             owner_epoch=self.epochs.get(partition, 1),
         )
         now = self.clock.now_ms()
+        durable = self.durable.get(job_id)
+        ended = self.ended.get(job_id)
         left_pending: list[Event] = []
-        if previous is not None:  # what this instance knows is newer than the replayed store
-            core.counter.set_count(previous.core.counter.get())
-            core.restore(previous.core.store.checkpoints)
-        elif (store := stores.get(registration.job_id)) is not None:
-            core.counter.set_count(store.checkpoint_id_counter)
-            core.restore([CompletedCheckpoint.from_record(r) for r in store.retained])
-            left_pending = self._left_pending(registration.job_id, store, core.owner_epoch, now)
+        core.counter.set_count(self._next_id(registration, config, durable, previous, ended))
+        if previous is not None:  # what this instance knows is newer than any store record
+            core.restore(
+                previous.core.store.checkpoints, last_completed_id=previous.core.last_completed_id
+            )
+        elif durable is not None:
+            core.restore(
+                [CompletedCheckpoint.from_record(r) for r in durable.retained],
+                last_completed_id=durable.last_completed_checkpoint_id,
+            )
+            if adopted and durable.job_status in (None, JobStatus.RUNNING.name):
+                left_pending = self._left_pending(job_id, durable, core.owner_epoch, now)
         if registration.restored_checkpoint_id is not None:
-            core.counter.set_count(registration.restored_checkpoint_id + 1)
             core.stats.on_restored(
                 registration.restored_checkpoint_id,
                 registration.timestamp,
                 False,
                 registration.restored_external_path or "",
             )
-        job = OwnedJob(registration, partition, base, core, overrides)
-        self.jobs[registration.job_id] = job
-        self.ended.pop(registration.job_id, None)
+        job = OwnedJob(registration, partition, base, core, overrides, last_seen_ms=now)
+        self.jobs[job_id] = job
+        self.ended.pop(job_id, None)
         log.info(
-            "job %s registered (partition %d, %d subtasks)",
-            registration.job_id,
-            partition,
-            len(subtasks),
-        )
-        if left_pending:
-            self._publish(job, left_pending)
+            "job %s %s: agent %s attempt %d, partition %d, %d subtasks, next checkpoint id %d",
+            job_id, "taken over" if adopted else "registered", registration.agent_id,
+            registration.attempt, partition, len(subtasks), core.counter.get(),
+        )  # fmt: skip
+        # the holder, durable in the same transaction as its acceptance
+        answer = [] if adopted else [self._response(job, registration, ACCEPT)]
+        self._publish(job, [*left_pending, core.store_record(now), *answer])
         self._execute(job, core.start(now))
+        return job
+
+    def _next_id(
+        self,
+        registration: JobRegistered,
+        config: CheckpointConfig,
+        durable: CheckpointStoreRecord | None,
+        previous: OwnedJob | None,
+        ended: OwnedJob | None,
+    ) -> int:
+        """The job's next checkpoint id: above every id it ever used. The durable store record
+        (updated with every record this instance writes), the coordinators of its earlier
+        runs here, the checkpoint it restored, and, when no store record exists (a new job, or a
+        broker that lost its topics), the checkpoint directories on storage."""
+        candidates = [1]
+        if durable is not None:
+            candidates.append(durable.checkpoint_id_counter)
+        for earlier in (previous, ended):
+            if earlier is not None:
+                candidates.append(earlier.core.counter.get())
+        if registration.restored_checkpoint_id is not None:
+            candidates.append(registration.restored_checkpoint_id + 1)
+        if durable is None:
+            candidates.append(
+                self._directories_floor(
+                    f"{config.checkpoint_dir.rstrip('/')}/{registration.job_id}"
+                )
+            )
+        return max(candidates)
+
+    def _directories_floor(self, job_dir: str) -> int:
+        """One above the highest ``chk-<id>`` directory under ``job_dir`` (1 when none)."""
+        try:
+            names = [posixpath.basename(d.rstrip("/")) for d in self.storage.list_dirs(job_dir)]
+        except Exception as exc:  # storage trouble must not block a registration
+            log.warning("listing %s for used checkpoint ids failed: %s", job_dir, exc)
+            return 1
+        ids = [int(m.group(1)) for n in names if (m := CHECKPOINT_DIR.match(n))]
+        return max(ids, default=0) + 1
+
+    def _in_roots(self, path: str) -> bool:
+        try:
+            self.storage.check(path)
+        except PathOutsideRoots:
+            return False
+        return True
+
+    def _response(
+        self, job: OwnedJob | None, registration: JobRegistered, admission: Admission
+    ) -> RegistrationResponse:
+        held = admission.refusal in (Refusal.ATTEMPT, Refusal.LEASE_HELD)
+        holder = job.holder() if job is not None and held else None
+        now = self.clock.now_ms()
+        return RegistrationResponse(
+            registration.job_id,
+            self.epochs.get(self._partition_of(registration.job_id), 0),
+            registration.agent_id,
+            registration.attempt,
+            admission.accepted,
+            now,
+            reason=admission.reason,
+            refusal=admission.refusal.name if admission.refusal else None,
+            holder_agent_id=holder.agent_id if holder else None,
+            holder_attempt=holder.attempt if holder else None,
+            holder_seen_ms_ago=now - holder.last_seen_ms if holder else None,
+            checkpoint_id_counter=job.core.counter.get()
+            if job is not None and admission.accepted
+            else None,
+        )
+
+    def _respond(
+        self, job_id: str, partition: int, registration: JobRegistered, admission: Admission
+    ) -> None:
+        response = self._response(self.jobs.get(job_id), registration, admission)
+        self._publish_to(job_id, partition, [response])
+
+    def _reject(self, record: Received, kind: str, reason: str) -> None:
+        """An event that may not touch a running job: logged where it came from, counted."""
+        self.rejected[(record.topic.removeprefix(topic_prefix()), kind)] += 1
+        log.warning(
+            "%s at %s[%d]@%d rejected: %s",
+            kind,
+            record.topic,
+            record.partition,
+            record.offset,
+            reason,
+        )
+
+    def _on_status(self, record: Received, event: JobStatusChanged) -> None:
+        job = self.jobs.get(event.job_id)
+        problem = (
+            f"key {record.key!r} is not the job id"
+            if record.key != event.job_id
+            else sender_problem(
+                job.holder() if job else None, event.agent_id, event.attempt, "status change"
+            )
+        )
+        if problem is not None:
+            if (
+                job is not None or event.job_id not in self.ended
+            ):  # a late word of an ended job is no news
+                self._reject(record, "status", problem)
+            return
+        assert job is not None
+        job.last_seen_ms = self.clock.now_ms()
+        if event.status.is_terminal:
+            self._end_job(event.job_id, event.status)
+        elif event.end_of_input:
+            # FLIP-147: bounded input ended; the final checkpoint goes now, not at the next tick
+            self._execute(job, job.core.trigger_checkpoint(self.clock.now_ms()))
+        elif event.processing_backlog is not None:
+            self._execute(job, job.core.set_backlog(event.processing_backlog, self.clock.now_ms()))
+
+    def _on_tombstone(self, record: Received) -> None:
+        """A tombstone on the jobs topic removes an ended job's record; a running job's agent
+        ends its job with a status, never with a tombstone."""
+        job_id = record.key or ""
+        if job_id in self.jobs:
+            self._reject(
+                record, "tombstone", f"a tombstone for the running job {job_id} is ignored"
+            )
+            return
+        self.ended.pop(job_id, None)
 
     def _left_pending(
         self, job_id: str, store: CheckpointStoreRecord, epoch: int, now: int
@@ -677,8 +789,11 @@ class CoordinatorService:
         events: list[Event] = []
         for checkpoint_id in range(first, store.checkpoint_id_counter):
             events.append(
-                NotifyCheckpointAborted(job_id, epoch, checkpoint_id, reason, now, message)
-            )
+                NotifyCheckpointAborted(
+                    job_id, epoch, checkpoint_id, reason, now, message,
+                    agent_id=store.agent_id, attempt=store.attempt,
+                )
+            )  # fmt: skip
             events.append(
                 CheckpointLifecycleEvent(
                     job_id, epoch, checkpoint_id, CheckpointEventType.FAILED, SnapshotType.CHECKPOINT,
@@ -739,24 +854,49 @@ class CoordinatorService:
             job = self.jobs.get(record.key or "")
             if job is None:
                 log.info(
-                    "acknowledgement for a job this instance does not own (%s[%d]@%d) skipped",
+                    "answer for a job this instance does not run (%s[%d]@%d) skipped",
                     record.topic,
                     record.partition,
                     record.offset,
                 )
                 continue
+            if not isinstance(event, AcknowledgeCheckpoint | DeclineCheckpoint | AgentHeartbeat):
+                _skip_unexpected(record)
+                continue
+            if event.job_id != job.job_id:
+                self._reject(
+                    record, _kind(event), f"job id {event.job_id!r} is not the record's key"
+                )
+                continue
+            problem = sender_problem(job.holder(), event.agent_id, event.attempt, _kind(event))
+            if problem is not None:
+                if isinstance(event, AgentHeartbeat):
+                    self._reject_heartbeat(record, event, problem)
+                else:
+                    self._reject(record, _kind(event), problem)
+                continue
+            job.last_seen_ms = now
             if isinstance(event, AcknowledgeCheckpoint):
-                result, commands = job.core.on_acknowledge(event, now)
-                if result in (AckResult.UNKNOWN, AckResult.DUPLICATE):
+                result, commands, reason = job.core.on_acknowledge(event, now)
+                if result is AckResult.REFUSED:
+                    self._reject(record, "acknowledgement", reason or "refused")
+                elif result is AckResult.DUPLICATE:
                     log.info(
-                        "%s acknowledgement at %s[%d]@%d (checkpoint %d, %s)", result.name, record.topic,
+                        "duplicate acknowledgement at %s[%d]@%d (checkpoint %d, %s)", record.topic,
                         record.partition, record.offset, event.checkpoint_id, event.subtask_id,
                     )  # fmt: skip
                 self._execute(job, commands)
             elif isinstance(event, DeclineCheckpoint):
                 self._execute(job, job.core.on_decline(event, now))
-            else:
-                _skip_unexpected(record)
+
+    def _reject_heartbeat(self, record: Received, event: AgentHeartbeat, problem: str) -> None:
+        """Heartbeats come every second: a superseded agent's are counted, and logged once."""
+        key = (record.topic.removeprefix(topic_prefix()), "heartbeat")
+        if event.agent_id not in self._noted_agents:
+            self._noted_agents.add(event.agent_id)
+            self._reject(record, "heartbeat", problem)
+        else:
+            self.rejected[key] += 1
 
     # --- timers -------------------------------------------------------------------------------------------
 
@@ -812,13 +952,23 @@ class CoordinatorService:
             self._publish(job, events)
 
     def _publish(self, job: OwnedJob, events: Sequence[Event | Tombstone]) -> Future[None]:
-        writer = self.writers.get(job.partition)
+        return self._publish_to(job.job_id, job.partition, events)
+
+    def _publish_to(
+        self, job_id: str, partition: int, events: Sequence[Event | Tombstone]
+    ) -> Future[None]:
+        writer = self.writers.get(partition)
         if writer is None:
             failed: Future[None] = Future()
-            failed.set_exception(NotOwner(f"partition {job.partition} is not owned"))
+            failed.set_exception(NotOwner(f"partition {partition} is not owned"))
             return failed
-        done = writer.submit(job.job_id, events)
-        done.add_done_callback(lambda f: _log_failure(job.job_id, f))
+        for event in events:
+            if isinstance(event, CheckpointStoreRecord):
+                # what the store holds once this commits; ids only grow, so a later read of the
+                # job's counter never sees less than what any trigger after it used
+                self.durable[job_id] = event
+        done = writer.submit(job_id, events)
+        done.add_done_callback(lambda f: _log_failure(job_id, f))
         return done
 
     async def _finalize(self, job: OwnedJob, command: FinalizeCheckpoint) -> None:
@@ -970,6 +1120,12 @@ def _log_failure(job_id: str, done: Future[None]) -> None:
     error = done.exception()
     if error is not None:
         log.warning("publishing for job %s failed: %s", job_id, error)
+
+
+def _kind(event: AcknowledgeCheckpoint | DeclineCheckpoint | AgentHeartbeat) -> str:
+    if isinstance(event, AcknowledgeCheckpoint):
+        return "acknowledgement"
+    return "decline" if isinstance(event, DeclineCheckpoint) else "heartbeat"
 
 
 def _skip_unexpected(record: Received) -> None:

@@ -14,6 +14,7 @@ writer publishes one record per batch (see services/common/broker.py).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 
@@ -26,6 +27,7 @@ from services.common.kafka import (
     make_producer,
     replay_topic,
 )
+from services.common.limits import MAX_ID
 from services.common.topics import CHECKPOINT_OVERRIDES, TopicSpec
 
 log = logging.getLogger(__name__)
@@ -60,10 +62,27 @@ def fold(records: Iterable[Received]) -> dict[str, CheckpointOverrides]:
                 record.key,
             )
             continue
+        problem = _implausible(event)
+        if problem is not None:
+            log.warning(
+                "override record at %s[%d]@%d skipped: %s",
+                record.topic, record.partition, record.offset, problem,
+            )  # fmt: skip
+            continue
         current = latest.get(record.key)
         if current is None or event.version > current.version:
             latest[record.key] = event
     return latest
+
+
+def _implausible(event: CheckpointOverrides) -> str | None:
+    """Overrides the coordinator could not have written: a version or a value out of range."""
+    if not 0 < event.version <= MAX_ID:
+        return f"version {event.version} out of range"
+    values = [v for v in dataclasses.astuple(event.overrides) if v is not None]
+    if any(not 0 <= v <= MAX_ID for v in values):
+        return "a setting out of range"
+    return None
 
 
 class OverrideStore:

@@ -23,6 +23,7 @@ from services.common.events import (
     TriggerCheckpoint,
 )
 from services.common.settings import CheckpointConfig
+from services.common.storage import canonical
 from services.coordinator.commands import (
     CancelTimer,
     Command,
@@ -40,6 +41,13 @@ from services.coordinator.store import InMemoryCheckpointIdCounter
 
 JOB_ID = "job-0001"
 T0 = 1_000_000
+JOB_DIR = canonical(f"{CheckpointConfig().checkpoint_dir}/{JOB_ID}")
+"""The job's directory under the default checkpoint storage: acknowledged files lie inside."""
+
+
+def shared(name: str) -> str:
+    """A file in the job's shared/ directory (incremental copies)."""
+    return f"{JOB_DIR}/shared/{name}"
 
 
 def subtasks(n: int) -> tuple[str, ...]:
@@ -73,6 +81,7 @@ class Driver:
     commands: list[Command] = field(default_factory=list)
     to_finalize: list[FinalizeCheckpoint] = field(default_factory=list)
     ack_results: list[AckResult] = field(default_factory=list)
+    refusals: list[str | None] = field(default_factory=list)
 
     @property
     def now(self) -> int:
@@ -110,8 +119,9 @@ class Driver:
         self.clock.set(target)
 
     def acknowledge(self, message: AcknowledgeCheckpoint) -> AckResult:
-        result, commands = self.coordinator.on_acknowledge(message, self.now)
+        result, commands, reason = self.coordinator.on_acknowledge(message, self.now)
         self.ack_results.append(result)
+        self.refusals.append(reason)
         self.run(commands)
         return result
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -9,13 +10,23 @@ import pytest
 
 from services.common.clock import ManualClock
 from services.common.events import CheckpointFailureReason as Reason
-from services.common.events import JobStatus, SnapshotType
+from services.common.events import JobStatus, NotifyCheckpointAborted, SnapshotType
 from services.common.settings import CheckpointConfig, ExternalizedRetention
 from services.coordinator.commands import RequestCompleted, RequestFailed
 from services.coordinator.coordinator import CheckpointCoordinator, JobInfo
 from services.coordinator.pending import AckResult
 from services.coordinator.store import CompletedCheckpoint, InMemoryCheckpointIdCounter
-from tests.unit.harness import JOB_ID, T0, Driver, ack, coordinator, decline, subtasks
+from tests.unit.harness import (
+    JOB_DIR,
+    JOB_ID,
+    T0,
+    Driver,
+    ack,
+    coordinator,
+    decline,
+    shared,
+    subtasks,
+)
 
 MIN = 60_000
 SECOND = 1000
@@ -111,10 +122,95 @@ def test_acknowledge_results() -> None:
     checkpoint_id = triggered(driver)
     assert driver.acknowledge(ack(checkpoint_id, "keyed-0")) is AckResult.SUCCESS
     assert driver.acknowledge(ack(checkpoint_id, "keyed-0")) is AckResult.DUPLICATE
-    assert driver.acknowledge(ack(checkpoint_id, "keyed-9", ["/x/stray"])) is AckResult.UNKNOWN
-    assert driver.acknowledge(ack(999, "keyed-0", ["/x/unknown"])) is AckResult.UNKNOWN
-    assert {"/x/stray", "/x/unknown"} <= set(driver.discarded_files())
+    assert driver.acknowledge(ack(checkpoint_id, "keyed-9", [shared("stray")])) is AckResult.REFUSED
+    assert driver.acknowledge(ack(999, "keyed-0", [shared("unknown")])) is AckResult.REFUSED
+    assert driver.discarded_files() == []  # refused acknowledgements delete nothing
     assert driver.completed() == []
+
+
+def driven_by(agent_id: str, attempt: int, **changes: object) -> Driver:
+    """A started coordinator whose job is driven by ``agent_id`` at ``attempt``."""
+    core = CheckpointCoordinator(
+        JobInfo(JOB_ID, subtasks(2), agent_id, attempt),
+        config(**changes),
+        InMemoryCheckpointIdCounter(),
+        random.Random(7),
+    )
+    return Driver(core, ManualClock(T0)).start()
+
+
+def test_acknowledgements_of_another_agent_or_attempt_are_refused_and_delete_nothing() -> None:
+    driver = driven_by("agent-a", 3)
+    checkpoint_id = triggered(driver)
+    stale = dataclasses.replace(
+        ack(checkpoint_id, "keyed-0", [shared("x")]), agent_id="agent-a", attempt=2
+    )
+    other = dataclasses.replace(
+        ack(checkpoint_id, "keyed-0", [shared("y")]), agent_id="agent-b", attempt=3
+    )
+    assert driver.acknowledge(stale) is AckResult.REFUSED
+    assert driver.acknowledge(other) is AckResult.REFUSED
+    assert driver.discarded_files() == []
+    holders = [r for r in driver.refusals if r]
+    assert "agent-a attempt 3" in holders[0]
+    for subtask in ("keyed-0", "keyed-1"):
+        good = dataclasses.replace(ack(checkpoint_id, subtask), agent_id="agent-a", attempt=3)
+        assert driver.acknowledge(good) is AckResult.SUCCESS
+    assert driver.completed() == [checkpoint_id]
+
+
+def test_declines_of_another_attempt_abort_nothing() -> None:
+    driver = driven_by("agent-a", 3)
+    checkpoint_id = triggered(driver)
+    driver.decline(
+        dataclasses.replace(decline(checkpoint_id, "keyed-0"), agent_id="agent-a", attempt=1)
+    )
+    assert driver.aborted() == []
+
+
+def test_control_events_are_addressed_to_the_agent_and_attempt_that_drive_the_job() -> None:
+    driver = driven_by("agent-a", 3, timeout_ms=500)
+    checkpoint_id = triggered(driver)
+    driver.advance(500)  # expires: an abort notification
+    trigger = driver.triggers()[0]
+    (aborted,) = driver.events(NotifyCheckpointAborted)
+    assert (trigger.agent_id, trigger.attempt) == ("agent-a", 3)
+    assert (aborted.checkpoint_id, aborted.agent_id, aborted.attempt) == (
+        checkpoint_id,
+        "agent-a",
+        3,
+    )
+
+
+def test_a_late_acknowledgement_never_deletes_a_file_a_retained_checkpoint_references() -> None:
+    driver = coordinator(config(timeout_ms=5000))
+    kept = triggered(driver)
+    driver.acknowledge_all(kept, files=[shared("base")])  # completed and retained
+    late = triggered(driver)
+    driver.advance(5000)  # expires
+    assert (late, Reason.CHECKPOINT_EXPIRED) in driver.aborted()
+    result = driver.acknowledge(ack(late, "keyed-0", [shared("base"), shared("mine")]))
+    assert result is AckResult.DISCARDED
+    assert shared("mine") in driver.discarded_files()
+    assert shared("base") not in driver.discarded_files()
+
+
+def test_the_store_record_names_the_holder_and_the_newest_completed_checkpoint() -> None:
+    driver = driven_by("agent-a", 3)
+    first = triggered(driver)
+    for subtask in ("keyed-0", "keyed-1"):
+        driver.acknowledge(dataclasses.replace(ack(first, subtask), agent_id="agent-a", attempt=3))
+    record = driver.coordinator.store_record(driver.now)
+    assert (record.agent_id, record.attempt) == ("agent-a", 3)
+    assert record.last_completed_checkpoint_id == first
+    assert record.job_status == "RUNNING"
+    driver.run(driver.coordinator.shutdown(JobStatus.FINISHED, driver.now))
+    ended = driver.coordinator.store_record(driver.now)
+    assert ended.retained == [] and ended.last_completed_checkpoint_id == first
+    assert (ended.job_status, ended.externalized_retention) == (
+        "FINISHED",
+        "NO_EXTERNALIZED_CHECKPOINTS",
+    )
 
 
 def test_a_late_acknowledgement_of_an_expired_checkpoint_is_discarded_quietly() -> None:
@@ -122,8 +218,10 @@ def test_a_late_acknowledgement_of_an_expired_checkpoint_is_discarded_quietly() 
     checkpoint_id = triggered(driver)
     driver.advance(5000)
     assert driver.aborted() == [(checkpoint_id, Reason.CHECKPOINT_EXPIRED)]
-    assert driver.acknowledge(ack(checkpoint_id, "keyed-0", ["/cp/late"])) is AckResult.DISCARDED
-    assert "/cp/late" in driver.discarded_files()
+    assert (
+        driver.acknowledge(ack(checkpoint_id, "keyed-0", [shared("late")])) is AckResult.DISCARDED
+    )
+    assert shared("late") in driver.discarded_files()
     assert checkpoint_id not in driver.completed()
 
 
@@ -135,7 +233,7 @@ def test_completion_publishes_notify_lifecycle_and_store_record() -> None:
     driver.acknowledge_all(checkpoint_id)
     notify = driver.events(NotifyCheckpointComplete)[-1]
     store = driver.events(CheckpointStoreRecord)[-1]
-    assert notify.external_path == f".sparkpoint/checkpoints/{JOB_ID}/chk-{checkpoint_id}"
+    assert notify.external_path == f"{JOB_DIR}/chk-{checkpoint_id}"  # absolute, wherever it runs
     assert [r.checkpoint_id for r in store.retained] == [checkpoint_id]
     assert store.checkpoint_id_counter == checkpoint_id + 1
 
@@ -374,10 +472,10 @@ def test_a_failed_metadata_write_fails_the_checkpoint_and_counts() -> None:
     driver = coordinator(config(tolerable_failed=0))
     driver.auto_finalize = False
     checkpoint_id = triggered(driver)
-    driver.acknowledge_all(checkpoint_id, files=["/cp/shared/x"])
+    driver.acknowledge_all(checkpoint_id, files=[shared("x")])
     driver.run(driver.coordinator.on_finalize_failed(checkpoint_id, driver.now, "disk full"))
     assert driver.aborted() == [(checkpoint_id, Reason.FINALIZE_CHECKPOINT_FAILURE)]
-    assert "/cp/shared/x" in driver.discarded_files()
+    assert shared("x") in driver.discarded_files()
     assert len(driver.failovers()) == 1
 
 
@@ -438,12 +536,12 @@ def test_shutdown_applies_externalized_retention(
 ) -> None:
     driver = coordinator(config(externalized_retention=retention))
     checkpoint_id = triggered(driver)
-    driver.acknowledge_all(checkpoint_id, files=["/cp/shared/a"])
+    driver.acknowledge_all(checkpoint_id, files=[shared("a")])
     driver.advance(1000)
     pending = driver.last_trigger_id()
     driver.run(driver.coordinator.shutdown(status, driver.now))
     assert (pending, Reason.CHECKPOINT_COORDINATOR_SHUTDOWN) in driver.aborted()
-    assert ("/cp/shared/a" in driver.discarded_files()) is discards
+    assert (shared("a") in driver.discarded_files()) is discards
     driver.advance(10_000)
     assert driver.last_trigger_id() == pending  # nothing triggers after shutdown
 

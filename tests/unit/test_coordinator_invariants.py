@@ -29,7 +29,7 @@ from services.coordinator.coordinator import CheckpointCoordinator, JobInfo
 from services.coordinator.decider import CheckpointRequest
 from services.coordinator.pending import AckResult
 from services.coordinator.store import InMemoryCheckpointIdCounter
-from tests.unit.harness import JOB_ID, T0, Driver, ack, decline, subtasks
+from tests.unit.harness import JOB_ID, T0, Driver, ack, decline, shared, subtasks
 
 STEPS = 3000
 SEEDS = range(20)
@@ -77,7 +77,7 @@ def test_invariants_hold_under_random_interleavings(seed: int) -> None:
         return sorted(core.pending)
 
     def send_ack(checkpoint_id: int, subtask: str) -> None:
-        message = ack(checkpoint_id, subtask, [f"/s/{checkpoint_id}-{subtask}"], at=driver.now)
+        message = ack(checkpoint_id, subtask, [shared(f"{checkpoint_id}-{subtask}")], at=driver.now)
         if driver.acknowledge(message) is AckResult.SUCCESS:
             acked[checkpoint_id].add(subtask)
 

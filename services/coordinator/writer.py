@@ -1,0 +1,208 @@
+"""Publishing for the coordinator: one transactional producer per owned partition of
+``sparkpoint.jobs``. Every batch of events one input produces for a job is one transaction on the
+job's partition; batches queued meanwhile are committed together (group commit). The fixed
+``transactional.id`` per partition fences a previous owner: once a new owner initialised it, the
+old one's commits fail as fenced and it stops speaking for those jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from services.common.avro import EventCodec
+from services.common.events import (
+    AgentHeartbeat,
+    CheckpointLifecycleEvent,
+    CheckpointOverrides,
+    CheckpointStoreRecord,
+    ConfigChange,
+    Event,
+    FailoverRequest,
+    JobRegistered,
+    NotifyCheckpointAborted,
+    NotifyCheckpointComplete,
+    RegistrationResponse,
+    TriggerCheckpoint,
+)
+from services.common.kafka import make_producer
+from services.common.topics import (
+    ACKS,
+    CHECKPOINT_EVENTS,
+    CHECKPOINT_OVERRIDES,
+    CHECKPOINT_STORE,
+    CONFIG_CHANGES,
+    CONTROL,
+    JOBS,
+    TopicSpec,
+    topic_prefix,
+)
+
+log = logging.getLogger(__name__)
+
+TOPIC_OF: dict[type, Any] = {
+    TriggerCheckpoint: CONTROL,
+    NotifyCheckpointComplete: CONTROL,
+    NotifyCheckpointAborted: CONTROL,
+    FailoverRequest: CONTROL,
+    JobRegistered: JOBS,
+    RegistrationResponse: CONTROL,
+    AgentHeartbeat: ACKS,
+    CheckpointLifecycleEvent: CHECKPOINT_EVENTS,
+    CheckpointStoreRecord: CHECKPOINT_STORE,
+    ConfigChange: CONFIG_CHANGES,
+    CheckpointOverrides: CHECKPOINT_OVERRIDES,
+}
+
+MAX_BATCH = 500
+"""Batches a writer commits in one transaction at most (group commit under load)."""
+
+TRANSACTION_TIMEOUT_S = 10.0
+"""Beginning, producing and committing one batch; longer means the broker is in trouble."""
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """Delete the job's record on a compacted topic (published with the job's other events)."""
+
+    topic: TopicSpec
+
+
+class NotOwner(RuntimeError):
+    """This instance lost the partition while an operation was under way."""
+
+
+class PartitionWriter:
+    """Publishes batches for the jobs of one partition, in order, each batch one transaction.
+    A fenced producer marks the writer dead: the partition is no longer ours."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        partition: int,
+        codec: EventCodec,
+        on_fenced: Callable[[PartitionWriter], None],
+    ) -> None:
+        self.partition = partition
+        self.codec = codec
+        self.on_fenced = on_fenced
+        self.transactional_id = f"{topic_prefix()}coordinator-p{partition}"
+        self._topic_of = {kind: spec.name() for kind, spec in TOPIC_OF.items()}  # resolved once
+        # One record per batch: the audit and store topics are replayed to their end offsets,
+        # which the embedded broker reports right only for one-record batches.
+        self.producer: Producer = make_producer(
+            bootstrap,
+            transactional_id=self.transactional_id,
+            client_id=f"sparkpoint-coordinator-p{partition}",
+            one_record_per_batch=True,
+        )
+        self.producer.init_transactions(TRANSACTION_TIMEOUT_S)  # fences the previous owner
+        self.alive = True
+        self.accepting = True
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[tuple[str, list[Event | Tombstone], Future[None]] | None] = (
+            queue.Queue()
+        )
+        self._thread = threading.Thread(
+            target=self._run, name=f"sparkpoint-writer-p{partition}", daemon=True
+        )
+        self._thread.start()
+
+    def submit(self, key: str, events: Sequence[Event | Tombstone]) -> Future[None]:
+        done: Future[None] = Future()
+        with self._lock:
+            if self.accepting and self.alive:
+                self._queue.put((key, list(events), done))
+                return done
+        done.set_exception(NotOwner(f"partition {self.partition} is not ours any more"))
+        return done
+
+    def close(self) -> None:
+        """Commits everything already queued, then stops; later submits fail at once."""
+        with self._lock:
+            if self.accepting:
+                self.accepting = False
+                self._queue.put(None)
+        self._thread.join(TRANSACTION_TIMEOUT_S * 2)
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            closing = False
+            # Group commit: everything queued meanwhile goes into the same transaction, in order.
+            while len(batch) < MAX_BATCH:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    closing = True
+                    break
+                batch.append(item)
+            self._commit_batch(batch)
+            if closing:
+                return
+
+    def _commit_batch(self, batch: list[tuple[str, list[Event | Tombstone], Future[None]]]) -> None:
+        if not self.alive:
+            for _, _, done in batch:
+                done.set_exception(NotOwner(f"partition {self.partition} is not ours any more"))
+            return
+        try:
+            self._commit(batch)
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.fatal() or error.code() == KafkaError._FENCED:
+                self.alive = False
+                log.error(
+                    "partition %d: producer fenced, ownership lost: %s", self.partition, error.str()
+                )
+                self.on_fenced(self)
+                failure: Exception = NotOwner(f"fenced on partition {self.partition}")
+            else:
+                self._abort()
+                failure = exc
+            for _, _, done in batch:
+                done.set_exception(failure)
+            return
+        except Exception as exc:
+            self._abort()
+            for _, _, done in batch:
+                done.set_exception(exc)
+            return
+        for _, _, done in batch:
+            done.set_result(None)
+
+    def _commit(self, batch: list[tuple[str, list[Event | Tombstone], Future[None]]]) -> None:
+        producer = self.producer
+        producer.begin_transaction()
+        for key, events, _ in batch:
+            for event in events:
+                if isinstance(event, Tombstone):
+                    producer.produce(
+                        event.topic.name(), key=key.encode(), value=None, partition=self.partition
+                    )
+                    continue
+                producer.produce(
+                    self._topic_of[type(event)],
+                    key=key.encode(),
+                    value=self.codec.encode(event),
+                    partition=self.partition,
+                )
+        producer.commit_transaction(TRANSACTION_TIMEOUT_S)
+
+    def _abort(self) -> None:
+        try:
+            self.producer.abort_transaction(TRANSACTION_TIMEOUT_S)
+        except KafkaException as exc:
+            log.warning("partition %d: abort failed: %s", self.partition, exc)
