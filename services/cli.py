@@ -142,6 +142,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         parallelism=args.parallelism,
         restore=args.restore,
         allow_non_restored_state=args.allow_non_restored_state,
+        allow_fresh_start=args.allow_fresh_start,
         master=args.master,
         spark_settings=spark_settings,
         checkpoint_dir=args.checkpoint_dir,
@@ -343,6 +344,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-non-restored-state",
         action="store_true",
         help="drop snapshot state the job cannot map (source topics it no longer reads)",
+    )
+    agent.add_argument(
+        "--allow-fresh-start",
+        action="store_true",
+        help="with --restore latest: start from the beginning of the input when the job's "
+        "checkpoints were discarded at its end (otherwise that is refused)",
     )
     agent.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     agent.add_argument(

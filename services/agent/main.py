@@ -7,8 +7,10 @@ import sys
 from collections.abc import Callable
 
 from services.agent.job import Job, load_job
+from services.agent.membership import RegistrationRefused, Superseded
 from services.agent.restore import NoCheckpoint
 from services.agent.runtime import Agent, AgentOptions
+from services.agent.sinks import SinkConflict
 from services.common.avro import EventCodec
 from services.common.events import JobStatus
 
@@ -33,7 +35,7 @@ def run(spec: str, options: AgentOptions, say: Callable[[str], None] = print) ->
     )
     try:
         status = agent.run()
-    except NoCheckpoint as exc:
+    except (NoCheckpoint, RegistrationRefused, Superseded, SinkConflict) as exc:
         raise AgentFailed(str(exc)) from None
     say(f"job {job.id}: {status.name}")
     return status

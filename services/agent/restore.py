@@ -12,17 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
-import re
 from dataclasses import dataclass, field
 
 from fsspec.core import url_to_fs
 
 from services.agent.state import read_file
-from services.common.events import StateHandleKind
+from services.common.events import CheckpointStoreRecord, StateHandleKind
+from services.common.storage import CHECKPOINT_DIR
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_DIR = re.compile(r"^chk-(\d+)$")
 
 
 class NoCheckpoint(FileNotFoundError):
@@ -41,10 +39,25 @@ class Restored:
     """Sink epochs the snapshot staged, epoch -> staged output files, not yet known published."""
     shared: bool = False
     """The key-group files are shared copies of this job's incremental checkpoints."""
+    end_of_input: bool = False
+    """Taken after a bounded input was read to its end and its end-of-input hook ran: the
+    job's final checkpoint. A job restored from it has nothing left to do."""
 
 
 def _protocol_prefix(url: str) -> str:
     return url.split("://", 1)[0] + "://" if "://" in url else ""
+
+
+SOURCE_FORMAT = 2
+"""Source snapshots are ``{"format": 2, "positions": {topic: {partition: offset}},
+"end_of_input": bool}``; format 1 was the positions alone."""
+
+
+def source_snapshot(data: dict[str, object]) -> tuple[dict[str, dict[str, int]], bool]:
+    """(positions, end of input) from a source snapshot file of either format."""
+    if data.get("format") == SOURCE_FORMAT:
+        return data["positions"], bool(data.get("end_of_input"))  # type: ignore[return-value]
+    return data, False  # type: ignore[return-value]
 
 
 def latest_checkpoint(checkpoint_dir: str, job_id: str) -> str:
@@ -88,7 +101,8 @@ def load(path: str, job_id: str, checkpoint_dir: str) -> Restored:
                     restored.key_groups[group] = (handle["path"], int(handle["size"]))
                 all_shared &= handle["path"].startswith(shared_prefix)
             elif kind is StateHandleKind.SOURCE_POSITIONS:
-                positions = json.loads(read_file(handle["path"]))
+                positions, ended = source_snapshot(json.loads(read_file(handle["path"])))
+                restored.end_of_input |= ended
                 for topic, offsets in positions.items():
                     for partition, offset in offsets.items():
                         restored.positions[(topic, int(partition))] = int(offset)
@@ -100,3 +114,60 @@ def load(path: str, job_id: str, checkpoint_dir: str) -> Restored:
     for outputs in restored.epochs.values():
         outputs.sort()
     return restored
+
+
+# --- what `--restore latest` means -----------------------------------------------------------------
+
+
+def resolve_latest(
+    record: CheckpointStoreRecord | None,
+    checkpoint_dir: str,
+    job_id: str,
+    allow_fresh_start: bool = False,
+) -> str | None:
+    """The snapshot ``--restore latest`` restores, or None to start from the beginning.
+
+    The coordinator's store record decides, never a scan of directories that a failed discard
+    may have left behind: the newest retained checkpoint that is not a savepoint (what a
+    failover restores). If the job's checkpoints completed once but none is retained (its end
+    discarded them), there is nothing to resume from and starting over would emit the whole
+    input again: that is refused unless ``allow_fresh_start``. A job the coordinator has no
+    completed checkpoint of starts from the beginning. Only when the coordinator has no record
+    at all (a new job, or a broker that lost its topics) does storage decide."""
+    if record is None:
+        try:
+            return latest_checkpoint(checkpoint_dir, job_id)
+        except NoCheckpoint as exc:
+            log.warning("job %s: %s; starting from the beginning", job_id, exc)
+            return None
+    retained = [r for r in record.retained if not r.snapshot_type.is_savepoint]
+    if retained:
+        latest = max(retained, key=lambda r: r.checkpoint_id)
+        fs, root = url_to_fs(f"{latest.external_path}/_metadata")
+        if not fs.exists(root):
+            raise NoCheckpoint(
+                f"the coordinator retains checkpoint {latest.checkpoint_id} of job {job_id} at "
+                f"{latest.external_path}, but it has no _metadata there (deleted by hand?)"
+            )
+        return latest.external_path
+    if record.last_completed_checkpoint_id is None:
+        log.warning(
+            "job %s: no checkpoint of it ever completed; starting from the beginning", job_id
+        )
+        return None
+    status = record.job_status or "ended"
+    retention = record.externalized_retention or "unknown"
+    message = (
+        f"job {job_id} {status} and its checkpoints were discarded when it ended "
+        f"(execution.checkpointing.externalized-checkpoint-retention: {retention}); its last "
+        f"completed checkpoint was {record.last_completed_checkpoint_id}. Nothing to restore. "
+        "To start it from the beginning of its input on purpose (its sink receives the whole "
+        "input again), add --allow-fresh-start; to keep the final checkpoint of later runs, set "
+        "the retention to RETAIN_ON_CANCELLATION"
+    )
+    if allow_fresh_start:
+        log.warning(
+            "%s; starting from the beginning (--allow-fresh-start)", message.split(". Nothing")[0]
+        )
+        return None
+    raise NoCheckpoint(message)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import shutil
 import signal
 import tempfile
@@ -47,9 +48,14 @@ from services.agent.channels import (
 )
 from services.agent.faults import crash_point
 from services.agent.job import FileSink, FileSource, Job, KafkaSink
-from services.agent.keygroups import key_group_range
-from services.agent.restore import NoCheckpoint, Restored, latest_checkpoint, load
-from services.agent.sinks import EpochCommitter, SinkWriter
+from services.agent.membership import Membership, RegistrationRefused, Superseded
+from services.agent.restore import (
+    SOURCE_FORMAT,
+    Restored,
+    load,
+    resolve_latest,
+)
+from services.agent.sinks import EpochCommitter, SinkWriter, unpublished
 from services.agent.sinks.files import FileSinkWriter
 from services.agent.sinks.kafka import KafkaSinkWriter
 from services.agent.sources.files import FileSourceReader
@@ -73,6 +79,7 @@ from services.agent.state import (
     write_file,
 )
 from services.common.avro import EventCodec
+from services.common.checkpoint_store import latest_store_record
 from services.common.events import (
     AcknowledgeCheckpoint,
     CheckpointFailureReason,
@@ -97,6 +104,7 @@ from services.common.kafka import (
     make_producer,
     partition_of,
 )
+from services.common.keygroups import key_group_range
 from services.common.settings import CheckpointConfig
 from services.common.topics import ACKS, CONTROL, JOBS
 
@@ -132,6 +140,9 @@ class AgentOptions:
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
     capacity_bytes: int = DEFAULT_CAPACITY_BYTES
     max_rows_per_round: int = MAX_ROWS_PER_ROUND
+    allow_fresh_start: bool = False
+    """With ``restore="latest"``: start from the beginning when the job's checkpoints were
+    discarded at its end, instead of refusing to."""
 
 
 Plan = list[tuple[Upload, str | None]]
@@ -197,14 +208,23 @@ class Agent:
         self.settings = settings
         self.checkpoint_dir = self.config.checkpoint_dir
         self.shared_dir, self.taskowned_dir = job_dirs(self.checkpoint_dir, self.job_id)
-        self.state_dir = f"{self.taskowned_dir}/state"
-        self.sink_dir = f"{self.taskowned_dir}/sink"
         self.agent_id = f"agent-{uuid.uuid4().hex[:8]}"
-        self.attempt = 0
+        # working state and staged output of this agent only: another agent of the job (one that
+        # died, or one refused while this one runs) never shares a file with it
+        self.run_dir = f"{self.taskowned_dir}/{self.agent_id}"
+        self.state_dir = f"{self.run_dir}/state"
+        self.sink_dir = f"{self.run_dir}/sink"
         self.spark = spark
         self.stopping = threading.Event()
         self.status: JobStatus = JobStatus.CREATED
-        self.publisher = EventPublisher(make_producer(options.bootstrap), codec)
+        # one record per batch: registrations are replayed to the jobs topic's end offsets
+        self.publisher = EventPublisher(
+            make_producer(options.bootstrap, one_record_per_batch=True), codec
+        )
+        self.membership = Membership(
+            self.job_id, self.agent_id, self.publisher, self.stopping,
+            lookup=lambda: latest_store_record(options.bootstrap, codec, self.job_id),
+        )  # fmt: skip
         self.copier = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="snapshot-copy")
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"sparkpoint-{self.job_id}-"))
         self.sink: SinkWriter = self._sink_writer()
@@ -263,28 +283,40 @@ class Agent:
         sc.setJobDescription("warm-up")
         sc.parallelize(range(self.parallelism), self.parallelism).map(lambda x: x).collect()
 
+    @property
+    def attempt(self) -> int:
+        """The attempt the coordinator accepted: every answer and status carries it."""
+        return self.membership.attempt
+
     def run(self) -> JobStatus:
         """Runs the job until it finishes, is stopped, or fails; returns its final status."""
         restore = self.options.restore
+        next_attempt = 0
         try:
             while True:
                 try:
-                    self._start(restore)
+                    self._start(restore, next_attempt)
                     self._loop()
                     break
                 except Restart as restart:
-                    self.attempt += 1
+                    next_attempt = self.attempt + 1
                     restore = restart.path or "latest"
                     log.warning(
                         "job %s: restarting (attempt %d) from %s",
                         self.job_id,
-                        self.attempt,
+                        next_attempt,
                         restore,
                     )
                     self._reset()
+        except (RegistrationRefused, Superseded) as exc:
+            # not this agent's job (any more): its status is not this agent's to announce
+            log.error("job %s: %s", self.job_id, exc)
+            self.status = JobStatus.FAILED
+            raise
         except Exception as exc:
             log.exception("job %s failed", self.job_id)
-            self._announce(JobStatus.FAILED, f"{type(exc).__name__}: {exc}")
+            if self.membership.accepted:  # before that, the job's status is not this agent's
+                self._announce(JobStatus.FAILED, f"{type(exc).__name__}: {exc}")
             self.status = JobStatus.FAILED
             raise
         finally:
@@ -296,6 +328,7 @@ class Agent:
         self.stopping.set()
 
     def _close(self) -> None:
+        self.membership.stop_heartbeats()
         self.copier.shutdown(wait=True)
         self.committer.close()
         self.sink.close()
@@ -316,7 +349,9 @@ class Agent:
         for channel in self.channels:
             channel.clear()
 
-    def _start(self, restore: str | None) -> None:
+    def _start(self, restore: str | None, attempt: int) -> None:
+        """Reads what it restores, starts Spark, registers, and only once the coordinator
+        accepted this agent touches storage or sinks (a refused agent changes nothing)."""
         started = time.monotonic()
         restored = self._restored(restore) if restore is not None else None
         self._warm_up()
@@ -334,8 +369,6 @@ class Agent:
                     "pass --allow-non-restored-state to drop them"
                 )
             self.backend.restore(restored.key_groups, restored.shared)
-            self._publish_restored_epochs(restored)
-        self._clean_task_owned()
         self.source.start(restored.positions if restored else None)
         self.pending: dict[int, PendingSnapshot] = {}
         self.orphans: list[Copy] = []
@@ -345,26 +378,33 @@ class Agent:
         self.unsealed: list[tuple[int, str]] = []
         """Output staged since the last barrier: the next epoch's."""
         self.end_of_input = False
+        self.finished_before = restored is not None and restored.end_of_input
+        """Restored from the final checkpoint of a bounded job: nothing is left to do."""
         self.highest_trigger = restored.checkpoint_id if restored else 0
-        self.owner_epoch = 0
         self._open_control()
-        self._register(restored)
+        self._register(restored, attempt)
+        # accepted: this agent drives the job from here on
+        self.membership.start_heartbeats()
+        if restored is not None:
+            self._publish_restored_epochs(restored)
+        self._clean_task_owned()
         self.status = JobStatus.RUNNING
         self.start_seconds = time.monotonic() - started
         log.info(
-            "job %s running: parallelism %d, %d key groups restored, started in %.1f s",
-            self.job_id, self.parallelism, len(restored.key_groups) if restored else 0,
-            self.start_seconds,
+            "job %s running: agent %s attempt %d, parallelism %d, %d key groups restored, started in %.1f s",
+            self.job_id, self.agent_id, self.attempt, self.parallelism,
+            len(restored.key_groups) if restored else 0, self.start_seconds,
         )  # fmt: skip
 
     def _restored(self, restore: str) -> Restored | None:
         if restore == "latest":
-            try:
-                path = latest_checkpoint(self.checkpoint_dir, self.job_id)
-            except NoCheckpoint as exc:
-                # as Flink's failover with no completed checkpoint: start from the beginning
-                log.warning("job %s: %s; starting from the beginning", self.job_id, exc)
+            record = latest_store_record(self.options.bootstrap, self.codec, self.job_id)
+            found = resolve_latest(
+                record, self.checkpoint_dir, self.job_id, self.options.allow_fresh_start
+            )
+            if found is None:
                 return None
+            path = found
         else:
             path = restore
         log.info("job %s: restoring from %s", self.job_id, path)
@@ -374,20 +414,43 @@ class Agent:
         """Epochs <= the restored checkpoint completed; publish those the sink has not."""
         if not restored.epochs or not self.sink.exactly_once:
             return
-        published = self.sink.published_epoch()
-        for epoch in sorted(e for e in restored.epochs if e > published):
+        published = self.sink.published()
+        if published is not None and published.epoch > restored.checkpoint_id:
+            log.warning(
+                "job %s: the sink already published epoch %d, after the restored checkpoint %d: "
+                "output after that checkpoint is produced again (an older snapshot was restored)",
+                self.job_id, published.epoch, restored.checkpoint_id,
+            )  # fmt: skip
+        log.info("job %s: the sink's newest published epoch: %s", self.job_id, published)
+        for epoch in unpublished(restored.epochs, published):
+            outputs = restored.epochs[epoch]
+            if not all_exist(outputs):
+                # staged files go only once their epoch is visible (the committer deletes them
+                # after publishing; a later run cleans up only after publishing what it restored)
+                log.info(
+                    "job %s: epoch %d was published (its staged files are gone)", self.job_id, epoch
+                )
+                continue
             log.info(
                 "job %s: epoch %d completed but is not published: publishing", self.job_id, epoch
             )
-            self.committer.submit(epoch, restored.epochs[epoch])
+            self.committer.submit(epoch, outputs)
         self.committer.drain()
 
     def _clean_task_owned(self) -> None:
-        """Working state and staged output of earlier runs: nothing restored points at them."""
-        for directory in (self.state_dir, self.sink_dir):
-            fs, root = url_to_fs(directory)
-            if fs.exists(root):
-                fs.rm(root, recursive=True)
+        """Working state and staged output of earlier runs of the job (other agents, all gone:
+        this one was accepted): nothing restored points at them any more."""
+        fs, root = url_to_fs(self.taskowned_dir)
+        if not fs.exists(root):
+            return
+        mine = posixpath.basename(url_to_fs(self.run_dir)[1])
+        for entry in fs.ls(root, detail=False):
+            if posixpath.basename(str(entry).rstrip("/")) != mine:
+                fs.rm(entry, recursive=True)
+        for directory in (self.state_dir, self.sink_dir):  # this agent's own, after a restart
+            fs, path = url_to_fs(directory)
+            if fs.exists(path):
+                fs.rm(path, recursive=True)
 
     def _open_control(self) -> None:
         consumer = make_consumer(self.options.bootstrap)
@@ -398,18 +461,23 @@ class Agent:
         self.control = EventSubscriber(consumer, self.codec)
         self.control.assign([TopicPartition(topic, self.partition, high)])
 
-    def _register(self, restored: Restored | None) -> None:
-        registration = JobRegistered(
-            self.job_id, self.job.name, self.agent_id, self.attempt, JobStatus.RUNNING,
-            self.parallelism, self.max_parallelism,
-            [Subtask(f"source-{i}", i, r.start, r.end) for i, r in enumerate(self.ranges)]
-            + [Subtask(f"keyed-{i}", i, r.start, r.end) for i, r in enumerate(self.ranges)],
-            dict(self.settings), now_ms(),
-            restored.checkpoint_id if restored else None,
-            restored.external_path if restored else None,
+    def _register(self, restored: Restored | None, attempt: int) -> None:
+        def build(attempt: int) -> JobRegistered:
+            return JobRegistered(
+                self.job_id, self.job.name, self.agent_id, attempt, JobStatus.RUNNING,
+                self.parallelism, self.max_parallelism,
+                [Subtask(f"source-{i}", i, r.start, r.end) for i, r in enumerate(self.ranges)]
+                + [Subtask(f"keyed-{i}", i, r.start, r.end) for i, r in enumerate(self.ranges)],
+                dict(self.settings), now_ms(),
+                restored.checkpoint_id if restored else None,
+                restored.external_path if restored else None,
+            )  # fmt: skip
+
+        response = self.membership.register(build, self.control, attempt)
+        log.info(
+            "job %s: registration accepted (attempt %d, next checkpoint id %s)",
+            self.job_id, self.attempt, response.checkpoint_id_counter,
         )  # fmt: skip
-        self.registration = registration
-        self.publisher.publish_sync(JOBS, self.job_id, registration)
 
     def _announce(
         self, status: JobStatus, message: str | None = None, end_of_input: bool = False
@@ -420,14 +488,23 @@ class Agent:
         )  # fmt: skip
         try:
             self.publisher.publish_sync(JOBS, self.job_id, event)
-            if end_of_input:  # keep the registration as the job's latest record (compaction)
-                self.publisher.publish_sync(JOBS, self.job_id, self.registration)
+            registration = self.membership.registration
+            if end_of_input and registration is not None:
+                # keep the registration as the job's latest record (compaction)
+                self.publisher.publish_sync(JOBS, self.job_id, registration)
         except Exception as exc:
             log.error("job %s: could not publish status %s: %s", self.job_id, status.name, exc)
 
     # --- the loop ------------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        if self.finished_before:
+            log.info(
+                "job %s: restored from its final checkpoint (its input ended there): finished",
+                self.job_id,
+            )
+            self._end(JobStatus.FINISHED)
+            return
         while True:
             if self.stopping.is_set():
                 self._end(JobStatus.CANCELED)
@@ -582,11 +659,8 @@ class Agent:
 
     def _on_control(self, event: object) -> bool:
         """Handles one control event; true when the job ended."""
-        epoch = getattr(event, "owner_epoch", 0)
-        if epoch < self.owner_epoch:
-            log.info("job %s: control event from an older coordinator epoch dropped", self.job_id)
+        if not self.membership.hears(event):
             return False
-        self.owner_epoch = epoch
         if isinstance(event, TriggerCheckpoint):
             self._on_trigger(event)
         elif isinstance(event, NotifyCheckpointComplete):
@@ -609,7 +683,12 @@ class Agent:
         # sources snapshot at once: their positions are where the barrier enters the channels
         for i in range(self.parallelism):
             path = f"{trigger.target_location}/source-{i}.json"
-            data = json.dumps(self.source.snapshot(i)).encode()
+            snapshot = {
+                "format": SOURCE_FORMAT,
+                "positions": self.source.snapshot(i),
+                "end_of_input": self.end_of_input,
+            }
+            data = json.dumps(snapshot).encode()
             started = time.monotonic()
             write_file(path, data)
             handle = StateHandle(path, StateHandleKind.SOURCE_POSITIONS, len(data))
@@ -721,7 +800,7 @@ class Agent:
         ack = AcknowledgeCheckpoint(
             self.job_id, pending.trigger.checkpoint_id, subtask, self.attempt, now_ms(), handles,
             state_size, pending.aligned_ms, sync_ms, async_ms, 0, False, checkpointed,
-            pending.processed.get(subtask, 0),
+            pending.processed.get(subtask, 0), agent_id=self.agent_id,
         )  # fmt: skip
         self.publisher.publish_nowait(ACKS, self.job_id, ack)
         pending.acked.add(subtask)
@@ -741,6 +820,7 @@ class Agent:
             reason,
             now_ms(),
             message,
+            agent_id=self.agent_id,
         )
         self.declined_checkpoints.append(pending.trigger.checkpoint_id)
         self.publisher.publish_nowait(ACKS, self.job_id, decline)
@@ -748,7 +828,10 @@ class Agent:
 
     def _on_complete(self, event: NotifyCheckpointComplete) -> bool:
         checkpoint_id = event.checkpoint_id
-        pending = self.pending.pop(checkpoint_id, None)
+        pending = self.pending.get(checkpoint_id)
+        if pending is None or not self._completed_on_storage(pending, event):
+            return False
+        del self.pending[checkpoint_id]
         self.backend.complete(checkpoint_id, event.is_savepoint)
         crash_point("after-complete")
         log.info("job %s: checkpoint %d completed", self.job_id, checkpoint_id)
@@ -760,8 +843,6 @@ class Agent:
         for older in [c for c in self.pending if c < checkpoint_id and self.pending[c].snapshotted]:
             # subsumed (Flink's notifyCheckpointComplete covers earlier checkpoints)
             self.orphans += self.pending.pop(older).copies
-        if pending is None:
-            return False
         if pending.trigger.snapshot_type in (
             SnapshotType.SAVEPOINT_SUSPEND,
             SnapshotType.SAVEPOINT_TERMINATE,
@@ -772,6 +853,25 @@ class Agent:
             log.info("job %s: final checkpoint %d completed", self.job_id, checkpoint_id)
             return self._end(JobStatus.FINISHED)
         return False
+
+    def _completed_on_storage(
+        self, pending: PendingSnapshot, event: NotifyCheckpointComplete
+    ) -> bool:
+        """A completion commits sink output, so it is checked against storage first: the
+        coordinator writes ``_metadata`` before it says so, where the trigger said it would."""
+        where = pending.trigger.target_location
+        try:
+            fs, path = url_to_fs(f"{where}/_metadata")
+            found = event.external_path == where and fs.exists(path)
+        except OSError as exc:
+            log.warning("job %s: checking %s/_metadata failed: %s", self.job_id, where, exc)
+            found = False
+        if not found:
+            log.error(
+                "job %s: completion of checkpoint %d ignored: no _metadata at %s (the notice names %s)",
+                self.job_id, event.checkpoint_id, where, event.external_path,
+            )  # fmt: skip
+        return found
 
     def _end(self, status: JobStatus) -> bool:
         self.committer.drain()  # the job ends once every completed epoch is visible
@@ -803,6 +903,14 @@ class Agent:
                 event.reason.name,
             )
             self._announce(JobStatus.RUNNING, end_of_input=True)
+
+
+def all_exist(paths: list[str]) -> bool:
+    for path in paths:
+        fs, target = url_to_fs(path)
+        if not fs.exists(target):
+            return False
+    return True
 
 
 def install_signal_handlers(agent: Agent) -> None:

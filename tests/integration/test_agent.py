@@ -27,9 +27,11 @@ from confluent_kafka import Consumer, TopicPartition
 
 from services.agent.example import generate, payments, reference_output
 from services.agent.job import DeliveryGuarantee, FileSource, Job
+from services.agent.restore import NoCheckpoint
 from services.agent.runtime import Agent, AgentOptions
 from services.common.avro import EventCodec
 from services.common.events import (
+    CheckpointEventType,
     CheckpointFailureReason,
     CheckpointLifecycleEvent,
     FailoverRequest,
@@ -339,6 +341,7 @@ def test_a_failover_request_restarts_the_job_from_its_latest_checkpoint(
             request = FailoverRequest(
                 job.id, owned.core.owner_epoch, CheckpointFailureReason.CHECKPOINT_EXPIRED,
                 "scripted", 3, int(time.time() * 1000),
+                agent_id=running.agent_id, attempt=running.attempt,
             )  # fmt: skip
             publisher.publish_sync(CONTROL, job.id, request)
             sent.append(running.completed_checkpoints[-1])
@@ -500,5 +503,96 @@ def test_a_snapshot_that_cannot_be_written_is_declined_and_later_checkpoints_com
     assert agent.completed_checkpoints and max(agent.completed_checkpoints) > max(
         agent.declined_checkpoints
     )
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+
+
+# --- the whole lifecycle: runs of one job id, and a second agent ----------------------------------
+
+
+def error_line(process: subprocess.CompletedProcess[str]) -> str:
+    """The one line the command prints about what went wrong (``sparkpoint: ...``)."""
+    lines = [line for line in process.stderr.splitlines() if line.startswith("sparkpoint: ")]
+    assert lines, process.stderr[-3000:]
+    return lines[-1]
+
+
+def triggered_ids(coordinator: Running, job_id: str) -> list[int]:
+    """Every checkpoint id the audit topic shows triggered for the job, in order."""
+    return [
+        e.checkpoint_id
+        for r in replay_topic(coordinator.bootstrap, EventCodec(), CHECKPOINT_EVENTS)
+        if isinstance(e := r.event, CheckpointLifecycleEvent)
+        and e.job_id == job_id
+        and e.event_type is CheckpointEventType.TRIGGERED
+    ]
+
+
+def test_a_finished_job_restarted_from_latest_restores_its_final_checkpoint_and_emits_nothing(
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
+) -> None:
+    output = unique("stats")
+    job = build(unique("rerun"), payments_topic, output)
+    status, _ = run_in_process(job, coordinator, spark)
+    assert status is JobStatus.FINISHED
+    wait(lambda: job.id in coordinator.service.ended, what="the coordinator saw FINISHED")
+
+    status, again = run_in_process(job, coordinator, spark, restore="latest")
+
+    assert status is JobStatus.FINISHED and again.finished_before
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+    ids = triggered_ids(coordinator, job.id)
+    assert ids and len(ids) == len(set(ids)), f"checkpoint ids reused: {ids}"
+
+
+def test_a_finished_job_whose_checkpoints_were_discarded_starts_over_only_on_purpose(
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output], tmp_path: Path
+) -> None:
+    settings = {
+        "execution.checkpointing.externalized-checkpoint-retention": "NO_EXTERNALIZED_CHECKPOINTS"
+    }
+    job = build(
+        unique("discarded"), payments_topic, str(tmp_path / "out"), sink="files", settings=settings
+    )
+    status, _ = run_in_process(job, coordinator, spark)
+    assert status is JobStatus.FINISHED
+    wait(lambda: job.id in coordinator.service.ended, what="the coordinator saw FINISHED")
+    committed = {p.name: p.read_bytes() for p in (tmp_path / "out").glob("part-*.parquet")}
+
+    refused = in_process(job, coordinator, spark, restore="latest")
+    with pytest.raises(NoCheckpoint) as error:
+        refused.run()
+    for part in ("FINISHED", "NO_EXTERNALIZED_CHECKPOINTS", "--allow-fresh-start"):
+        assert part in str(error.value), error.value
+
+    status, _ = run_in_process(job, coordinator, spark, restore="latest", allow_fresh_start=True)
+    assert status is JobStatus.FINISHED
+    got = read_files(tmp_path / "out")
+    assert got == sorted(expected + expected), "two whole runs, on purpose"
+    for part, data in committed.items():  # the first run's files, untouched
+        assert (tmp_path / "out" / part).read_bytes() == data
+    ids = triggered_ids(coordinator, job.id)
+    assert len(ids) == len(set(ids)), f"checkpoint ids reused: {ids}"
+
+
+def test_a_second_agent_for_a_running_job_exits_with_a_clear_message_and_changes_nothing(
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
+) -> None:
+    name, output = unique("twice"), unique("stats")
+    job = build(name, payments_topic, output, max_records=25)
+    first = in_process(job, coordinator, spark)
+    result: list[JobStatus] = []
+    thread = threading.Thread(target=lambda: result.append(first.run()), daemon=True)
+    thread.start()
+    wait(lambda: name in coordinator.service.jobs, timeout_s=120, what="the first agent runs")
+
+    second = agent_process(coordinator, name, payments_topic, output, max_records=25)
+    thread.join(240)
+
+    assert second.returncode == 1, second.stderr[-3000:]
+    message = error_line(second)
+    assert "already running" in message and first.agent_id in message, message
+    assert result == [JobStatus.FINISHED]
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)

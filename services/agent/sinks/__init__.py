@@ -1,12 +1,20 @@
 """Sinks: where stage 2's output goes. Stage 2 stages each round's output as an Arrow file; a
 sink either publishes it right away (at-least-once) or when the checkpoint of its epoch completes
-(exactly-once), idempotently, so a restore can publish a completed epoch again."""
+(exactly-once), idempotently, so a restore can publish a completed epoch again.
+
+Staged files are named uniquely per agent run (a random token), and what a sink makes visible is
+named after them, so two runs of one job id can never overwrite each other's output, even if an
+epoch number were used twice. A restore publishes a completed epoch again only when the sink
+cannot show it was published (`unpublished`)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import posixpath
 import queue
 import threading
+from dataclasses import dataclass
 from typing import Protocol
 
 import pandas as pd
@@ -15,6 +23,46 @@ from services.agent.stages import from_ipc
 from services.agent.state import delete_files
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PublishedEpoch:
+    """The newest epoch a sink made visible, and the digest of the staged files it published."""
+
+    epoch: int
+    digest: str | None
+
+
+def outputs_digest(outputs: list[str]) -> str:
+    """SHA-256 of an epoch's staged file names (unique per agent run), sorted."""
+    names = sorted(posixpath.basename(o) for o in outputs)
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()
+
+
+class SinkConflict(RuntimeError):
+    """The sink's record of what it published contradicts the checkpoint being restored."""
+
+
+def unpublished(epochs: dict[int, list[str]], published: PublishedEpoch | None) -> list[int]:
+    """The restored epochs to publish, oldest first. Epochs are published in order, so every
+    epoch below the sink's newest is visible; the newest itself must be this checkpoint's (same
+    staged files), or the restore cannot prove what was published and refuses."""
+    if published is None:
+        return sorted(epochs)
+    pending = []
+    for epoch in sorted(epochs):
+        if epoch > published.epoch:
+            pending.append(epoch)
+        elif (
+            epoch == published.epoch
+            and published.digest is not None
+            and published.digest != outputs_digest(epochs[epoch])
+        ):
+            raise SinkConflict(
+                f"the sink published epoch {epoch} from other staged output than this "
+                "checkpoint's: another run used the same epoch; refusing to guess what is visible"
+            )
+    return pending
 
 
 class SinkWriter(Protocol):
@@ -28,8 +76,9 @@ class SinkWriter(Protocol):
         """At-least-once: makes the output visible at once."""
         ...
 
-    def published_epoch(self) -> int:
-        """The newest epoch already visible (0: none); epochs are published in order."""
+    def published(self) -> PublishedEpoch | None:
+        """The newest epoch already visible; None when the sink has no such record and proves
+        each file instead (publishing is idempotent by name)."""
         ...
 
     def close(self) -> None: ...

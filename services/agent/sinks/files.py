@@ -1,9 +1,11 @@
 """The file sink: Parquet part files under a directory (any fsspec URL).
 
 Exactly-once, as Flink's FileSink: a part file is written hidden (``.part-...inprogress``) and
-renamed to its final name when the checkpoint of its epoch completes. Final names are
-deterministic (``part-<epoch>-<n>.parquet``), so publishing an epoch again after a restore skips
-the files already committed and commits the rest. Readers (Spark, pyarrow) ignore hidden files.
+renamed to its final name when the checkpoint of its epoch completes. A final name is the epoch
+and the name of the staged file it comes from (``part-<epoch>-r<round>-s<subtask>-<token>.parquet``,
+the token random per agent run): publishing an epoch again after a restore skips the files
+already committed and commits the rest, and no later run of the job can overwrite a committed
+file. Readers (Spark, pyarrow) ignore hidden files.
 """
 
 from __future__ import annotations
@@ -18,9 +20,15 @@ import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from services.agent.job import DeliveryGuarantee, FileSink
-from services.agent.sinks import read_outputs
+from services.agent.sinks import PublishedEpoch, read_outputs
 
 log = logging.getLogger(__name__)
+
+
+def part_name(epoch: int, staged: str) -> str:
+    """The committed name of a staged file: unique to the run that staged it."""
+    stem = posixpath.basename(staged).removesuffix(".arrow").removeprefix("out-")
+    return f"part-{epoch:010d}-{stem}.parquet"
 
 
 class FileSinkWriter:
@@ -48,15 +56,15 @@ class FileSinkWriter:
 
     def publish_epoch(self, epoch: int, outputs: list[str]) -> int:
         count = 0
-        for index, output in enumerate(outputs):
-            count += self._commit(f"part-{epoch:010d}-{index:05d}.parquet", [output])
+        for output in outputs:
+            count += self._commit(part_name(epoch, output), [output])
         return count
 
     def write_now(self, outputs: list[str]) -> int:
         return self._commit(f"part-{uuid.uuid4().hex}.parquet", outputs)
 
-    def published_epoch(self) -> int:
-        return 0  # commits are idempotent by name: every staged epoch is simply committed again
+    def published(self) -> PublishedEpoch | None:
+        return None  # committed files prove themselves by name: each one is checked
 
     def close(self) -> None:
         pass

@@ -7,7 +7,9 @@ the checkpoint completes):
    checkpoint n;
 2. when checkpoint n completes, one Kafka transaction holds all of epoch n's records and a
    `SinkEpochPublished` marker for n on ``sparkpoint.sink-markers``;
-3. on restore from checkpoint k, every epoch <= k above the newest marker is published again.
+3. on restore from checkpoint k, every epoch <= k above the newest marker is published again;
+   the marker carries a digest of the staged files it published, so a restore whose checkpoint
+   names other files for the marker's epoch refuses instead of guessing (`unpublished`).
 
 The transactional id is fixed per job and sink, so a restarted agent's ``init_transactions``
 aborts whatever a killed predecessor left open (zombie fencing).
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 from confluent_kafka import Producer
 
 from services.agent.faults import crash_point
 from services.agent.job import DeliveryGuarantee, KafkaSink
-from services.agent.sinks import read_outputs
+from services.agent.sinks import PublishedEpoch, outputs_digest, read_outputs
 from services.common.avro import EventCodec
 from services.common.events import SinkEpochPublished
 from services.common.kafka import (
@@ -33,6 +36,11 @@ from services.common.kafka import (
 from services.common.topics import SINK_MARKERS, topic_prefix
 
 log = logging.getLogger(__name__)
+
+TRANSACTION_HEADER = "sparkpoint.transaction"
+"""Header of every record an exactly-once epoch publishes: the token of its transaction, also
+in the epoch's marker. On a broker that shows aborted transactions to ``read_committed``
+readers (the embedded one), a record is committed exactly when a marker carries its token."""
 
 TRANSACTION_TIMEOUT_S = 120.0
 """How long one epoch's commit may take (a million records take a few seconds here)."""
@@ -79,18 +87,26 @@ class KafkaSinkWriter:
                 self._producer.init_transactions(30)
         return self._producer
 
-    def _produce(self, outputs: list[str], halfway: bool = False) -> int:
+    def _produce(
+        self, outputs: list[str], halfway: bool = False, transaction: str | None = None
+    ) -> int:
         frame = read_outputs(outputs)
         if not len(frame):
             return 0
         keys = frame[self.key_column].astype(str).tolist() if self.key_column in frame else None
         lines = frame.to_json(orient="records", lines=True).splitlines()
         producer = self.producer
+        headers: dict[str, str | bytes | None] | None = (
+            {TRANSACTION_HEADER: transaction} if transaction else None
+        )
         for i, line in enumerate(lines):
             while True:
                 try:
                     producer.produce(
-                        self.sink.topic, value=line.encode(), key=keys[i].encode() if keys else None
+                        self.sink.topic,
+                        value=line.encode(),
+                        key=keys[i].encode() if keys else None,
+                        headers=headers,
                     )
                     break
                 except BufferError:
@@ -103,11 +119,13 @@ class KafkaSinkWriter:
     def publish_epoch(self, epoch: int, outputs: list[str]) -> int:
         producer = self.producer
         producer.begin_transaction()
+        transaction = uuid.uuid4().hex
         try:
-            count = self._produce(outputs, halfway=True)
+            count = self._produce(outputs, halfway=True, transaction=transaction)
             marker = SinkEpochPublished(
-                self.job_id, self.sink.topic, epoch, count, self.agent_id, int(time.time() * 1000)
-            )
+                self.job_id, self.sink.topic, epoch, count, self.agent_id, int(time.time() * 1000),
+                outputs_digest=outputs_digest(outputs), transaction=transaction,
+            )  # fmt: skip
             producer.produce(
                 self.markers, value=self.codec.encode(marker), key=self.job_id.encode()
             )
@@ -131,24 +149,26 @@ class KafkaSinkWriter:
             raise RuntimeError(f"{remaining} records to {self.sink.topic} not delivered")
         return count
 
-    def published_epoch(self) -> int:
+    def published(self) -> PublishedEpoch | None:
         """The newest marker of this job and sink. Markers are written one per transaction, so
-        the end offsets are right on the embedded broker too."""
+        the end offsets are right on the embedded broker too. A read that fails raises: a
+        restore never guesses that nothing was published."""
         partitions = self.producer.list_topics(self.markers, timeout=10).topics[self.markers]
         partition = partition_of(self.job_id, len(partitions.partitions))
         records = replay_topic(
             self.bootstrap, self.codec, self.markers, [partition], read_committed=True
         )
-        return max(
-            (
-                r.event.epoch
-                for r in records
-                if r.key == self.job_id
-                and isinstance(r.event, SinkEpochPublished)
-                and r.event.sink == self.sink.topic
-            ),
-            default=0,
-        )
+        markers = [
+            r.event
+            for r in records
+            if r.key == self.job_id
+            and isinstance(r.event, SinkEpochPublished)
+            and r.event.sink == self.sink.topic
+        ]
+        if not markers:
+            return None
+        newest = max(markers, key=lambda m: m.epoch)
+        return PublishedEpoch(newest.epoch, newest.outputs_digest)
 
     def close(self) -> None:
         if self._producer is not None:

@@ -1,0 +1,235 @@
+"""The agent's standing with the coordinator: it registers and waits until it is accepted, keeps
+its lease on the job with heartbeats, and hears only the control events addressed to it (as a
+Flink TaskExecutor registers at its JobMaster, heartbeats, and receives only messages for its own
+execution attempt).
+
+1. **Register.** The agent publishes its registration and waits for the coordinator's
+   `RegistrationResponse`. Before that it changes nothing on storage or in sinks: a second agent
+   started by mistake must not disturb the one that runs.
+2. **Refusals.** ``ATTEMPT``: the job runs with a higher attempt than this registration's
+   (an agent that died drove it); register again one above. ``LEASE_HELD``: another agent drives
+   the job. If it was heard from within `CLEARLY_ALIVE_MS`, it is alive: give up at once. If not,
+   it may have just died: wait until its lease must have run out, and try once more.
+   ``INVALID``: the registration itself is wrong; the reason says why.
+3. **Heartbeats** go out every `HEARTBEAT_INTERVAL_MS` from a thread of their own, so a long
+   Spark stage never costs the lease.
+4. **Addressing.** Control events name the agent and attempt they are for; others are dropped,
+   as are events from an older coordinator epoch. Seeing another agent accepted for the job
+   means this one was taken over (it was paused past its lease): it stops at once, without a word
+   on the job's status, which is no longer its to give.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from services.common.events import (
+    AgentHeartbeat,
+    CheckpointStoreRecord,
+    FailoverRequest,
+    JobRegistered,
+    NotifyCheckpointAborted,
+    NotifyCheckpointComplete,
+    RegistrationResponse,
+    TriggerCheckpoint,
+)
+from services.common.kafka import EventPublisher, EventSubscriber
+from services.common.limits import HEARTBEAT_INTERVAL_MS, LEASE_TIMEOUT_MS
+from services.common.topics import ACKS, JOBS
+
+log = logging.getLogger(__name__)
+
+CLEARLY_ALIVE_MS = 3 * HEARTBEAT_INTERVAL_MS
+"""A holder heard from this recently is running: a second agent gives up without waiting."""
+
+TAKEOVER_CHECK_S = 5.0
+"""How often an announcement that another agent took the job over is checked against the
+coordinator's durable record (a flood of forged announcements costs one read per period)."""
+
+WAIT_REPORT_S = 10.0
+"""How often a registration still waiting for an answer says so."""
+
+ControlEvent = (
+    TriggerCheckpoint | NotifyCheckpointComplete | NotifyCheckpointAborted | FailoverRequest
+)
+
+
+class RegistrationRefused(RuntimeError):
+    """The coordinator will not let this agent drive the job; the message says why."""
+
+
+class Superseded(RuntimeError):
+    """Another agent was accepted for the job: this one must stop."""
+
+
+class Membership:
+    def __init__(
+        self,
+        job_id: str,
+        agent_id: str,
+        publisher: EventPublisher,
+        stopping: threading.Event,
+        say: Callable[[str], None] = log.warning,
+        lookup: Callable[[], CheckpointStoreRecord | None] | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.agent_id = agent_id
+        self.publisher = publisher
+        self.stopping = stopping
+        self.say = say
+        self.attempt = 0
+        self.owner_epoch = 0
+        self.accepted = False
+        self.registration: JobRegistered | None = None
+        """The registration the coordinator accepted last."""
+        self.superseded = False
+        self.lookup = lookup
+        """Reads the coordinator's durable record of the job (who drives it)."""
+        self._checked = -TAKEOVER_CHECK_S
+        self._beating = threading.Event()
+        self._heart: threading.Thread | None = None
+
+    # --- registration ------------------------------------------------------------------------
+
+    def register(
+        self, build: Callable[[int], JobRegistered], control: EventSubscriber, attempt: int
+    ) -> RegistrationResponse:
+        """Registers ``build(attempt)`` until accepted, raising the attempt when the job already
+        ran with a higher one; raises `RegistrationRefused` when the job is not this agent's to
+        drive. Heartbeats keep the attempt accepted before until the new one is."""
+        waited = False
+        while True:
+            registration = build(attempt)
+            self.publisher.publish_sync(JOBS, self.job_id, registration)
+            response = self._answer(registration, control)
+            if response.accepted:
+                self.attempt = attempt
+                self.registration = registration
+                self.owner_epoch = max(self.owner_epoch, response.owner_epoch)
+                self.accepted = True
+                return response
+            reason = response.reason or "no reason given"
+            if response.refusal == "ATTEMPT" and response.holder_attempt is not None:
+                attempt = response.holder_attempt + 1
+                log.info(
+                    "job %s: registering again with attempt %d (%s)", self.job_id, attempt, reason
+                )
+                continue
+            if response.refusal == "LEASE_HELD":
+                seen = response.holder_seen_ms_ago or 0
+                if seen >= CLEARLY_ALIVE_MS and not waited:
+                    wait_s = (LEASE_TIMEOUT_MS - seen) / 1000 + 0.5
+                    self.say(
+                        f"job {self.job_id}: {reason}; it may have died: waiting {wait_s:.1f} s for its lease to run out"
+                    )
+                    waited = True
+                    if self.stopping.wait(max(0.0, wait_s)):
+                        raise RegistrationRefused(f"job {self.job_id}: stopped while waiting")
+                    continue
+                raise RegistrationRefused(
+                    f"job {self.job_id} is already running: {reason}. Stop that agent first "
+                    "(or let it finish); two agents never drive one job"
+                )
+            raise RegistrationRefused(f"the coordinator refused job {self.job_id}: {reason}")
+
+    def _answer(
+        self, registration: JobRegistered, control: EventSubscriber
+    ) -> RegistrationResponse:
+        started = reported = time.monotonic()
+        while not self.stopping.is_set():
+            for record in control.poll(0.05, 100):
+                event = record.event
+                if (
+                    record.key == self.job_id
+                    and isinstance(event, RegistrationResponse)
+                    and (event.agent_id, event.attempt) == (self.agent_id, registration.attempt)
+                ):
+                    return event
+            if time.monotonic() - reported >= WAIT_REPORT_S:
+                reported = time.monotonic()
+                self.say(
+                    f"job {self.job_id}: waiting {reported - started:.0f} s for a coordinator to "
+                    "accept the registration (is `sparkpoint coordinator` running on this Kafka?)"
+                )
+        raise RegistrationRefused(f"job {self.job_id}: stopped before a coordinator answered")
+
+    # --- heartbeats --------------------------------------------------------------------------
+
+    def start_heartbeats(self) -> None:
+        if self._heart is not None:
+            return
+        self._beating.set()
+        self._heart = threading.Thread(
+            target=self._beat, name=f"heartbeat-{self.job_id}", daemon=True
+        )
+        self._heart.start()
+
+    def _beat(self) -> None:
+        interval = HEARTBEAT_INTERVAL_MS / 1000
+        while self._beating.is_set():
+            beat = AgentHeartbeat(self.job_id, self.agent_id, self.attempt, int(time.time() * 1000))
+            try:
+                self.publisher.publish_nowait(ACKS, self.job_id, beat)
+                self.publisher.producer.poll(0)
+            except Exception as exc:  # a full queue or a closed producer: the next beat retries
+                log.warning("job %s: heartbeat not sent: %s", self.job_id, exc)
+            time.sleep(interval)
+
+    def _taken_over(self) -> bool:
+        """Another agent's acceptance was announced: confirmed by the coordinator's durable
+        record of the job (written in the same transaction as that acceptance), so that a
+        stray or forged announcement cannot stop a running job. Checked at most every
+        `TAKEOVER_CHECK_S`."""
+        now = time.monotonic()
+        if self.lookup is None or now - self._checked < TAKEOVER_CHECK_S:
+            return False
+        self._checked = now
+        record = self.lookup()
+        if record is None or record.agent_id is None:
+            return False
+        taken = record.agent_id != self.agent_id and record.owner_epoch >= self.owner_epoch
+        if not taken:
+            log.warning(
+                "job %s: an announcement that another agent was accepted is not what the "
+                "coordinator's record says (agent %s drives it); ignored",
+                self.job_id, record.agent_id,
+            )  # fmt: skip
+        return taken
+
+    def stop_heartbeats(self) -> None:
+        self._beating.clear()
+        if self._heart is not None:
+            self._heart.join(5)
+            self._heart = None
+
+    # --- hearing control events --------------------------------------------------------------
+
+    def hears(self, event: object) -> bool:
+        """Whether a control event of this job is for this agent's current attempt; raises
+        `Superseded` when another agent was accepted for the job."""
+        if isinstance(event, RegistrationResponse):
+            if event.accepted and event.agent_id != self.agent_id and self._taken_over():
+                self.superseded = True
+                raise Superseded(
+                    f"agent {self.agent_id} no longer drives job {self.job_id}: the coordinator "
+                    f"accepted agent {event.agent_id} (attempt {event.attempt})"
+                )
+            return False
+        if not isinstance(
+            event,
+            TriggerCheckpoint
+            | NotifyCheckpointComplete
+            | NotifyCheckpointAborted
+            | FailoverRequest,
+        ):
+            return False
+        if (event.agent_id, event.attempt) != (self.agent_id, self.attempt):
+            return False
+        if event.owner_epoch < self.owner_epoch:
+            log.info("job %s: control event from an older coordinator epoch dropped", self.job_id)
+            return False
+        self.owner_epoch = event.owner_epoch
+        return True
