@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck unit bench lock clean
+.PHONY: install run test lint typecheck unit bench chaos lock clean
 
 install: $(STAMP)
 
@@ -37,6 +37,11 @@ bench: install
 	$(BIN)/python bench/coordinator_core.py
 	$(BIN)/python bench/coordinator_latency.py
 	$(BIN)/python bench/pipeline.py
+
+# Kill-point and bad-event campaigns (bench/chaos.py): long, never part of `make test`.
+chaos: install
+	$(BIN)/python bench/chaos.py --kill-points 100
+	$(BIN)/python bench/chaos.py --events 10000
 
 # Regenerate the pinned lock from a fresh resolution of pyproject.toml's lower bounds.
 lock:
