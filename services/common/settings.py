@@ -1,22 +1,34 @@
-"""Checkpoint settings under Flink's option names.
+"""Checkpoint and recovery settings under Flink's option names.
 
 A job's configuration comes from a YAML file (``--config``), the job definition, and runtime
-overrides (PATCH); every layer speaks the option names of the contract, e.g.
-``execution.checkpointing.interval: 10s``. Durations follow Flink's syntax (``500ms``, ``30 s``,
-``10min``, ``1h``; a bare number is milliseconds). Defaults are Flink's, except where a
-docstring says otherwise.
+overrides (PATCH); every layer speaks Flink's option names, e.g.
+``execution.checkpointing.interval: 10s``. Which options exist, their types, aliases and whether
+they take effect here is the table in `services.common.options`. Durations follow Flink's syntax
+(``500ms``, ``30 s``, ``10min``, ``1h``; a bare number is milliseconds). Defaults are Flink's,
+except where a docstring says otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from services.common.events import CheckpointSettings, JobStatus
+from services.common.options import (
+    OPTIONS_LIST,
+    ConfigError,
+    Kind,
+    Option,
+    Section,
+    format_duration,
+    parse_duration,
+    parse_section,
+)
+
+__all__ = ["ConfigError", "format_duration", "parse_duration"]
 
 PREFIX = "execution.checkpointing."
 
@@ -31,14 +43,6 @@ REST_FIELDS = {
 }
 """The fields of ``PATCH /jobs/:id/checkpoints/configuration`` (FLIP-571 names) and the
 `CheckpointSettings` field each sets."""
-
-
-class ConfigError(ValueError):
-    """A setting is invalid; ``field`` names it (option name or REST field)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 class CheckpointingMode(enum.Enum):
@@ -65,59 +69,6 @@ class ExternalizedRetention(enum.Enum):
     @property
     def enabled(self) -> bool:
         return self is not ExternalizedRetention.NO_EXTERNALIZED_CHECKPOINTS
-
-
-_UNITS_MS = {
-    "ms": 1, "milli": 1, "millis": 1, "millisecond": 1, "milliseconds": 1,
-    "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
-    "m": 60_000, "min": 60_000, "mins": 60_000, "minute": 60_000, "minutes": 60_000,
-    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
-    "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
-}  # fmt: skip
-_DURATION = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_duration(text: str | int) -> int:
-    """Milliseconds from Flink's duration syntax; a bare number is milliseconds."""
-    if isinstance(text, int):
-        return text
-    match = _DURATION.match(text)
-    if not match:
-        raise ValueError(f"{text!r} is not a duration (e.g. 500ms, 30s, 10min, 1h)")
-    number, unit = match.groups()
-    factor = _UNITS_MS.get(unit.lower() or "ms")
-    if factor is None:
-        raise ValueError(f"{text!r}: unknown unit {unit!r} (ms, s, min, h, d)")
-    return int(number) * factor
-
-
-def format_duration(ms: int) -> str:
-    for unit, factor in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
-        if ms and ms % factor == 0:
-            return f"{ms // factor}{unit}"
-    return f"{ms}ms"
-
-
-def _parse_bool(text: str | bool) -> bool:
-    if isinstance(text, bool):
-        return text
-    lowered = str(text).strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    raise ValueError(f"{text!r} is not true or false")
-
-
-def _parse_int(text: str | int) -> int:
-    try:
-        return int(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"{text!r} is not a whole number") from None
-
-
-def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda text: (
-        None if text is None or str(text).strip().lower() in ("", "none") else parse(text)
-    )
 
 
 @dataclass(frozen=True)
@@ -243,86 +194,57 @@ class CheckpointConfig:
     def from_options(
         cls, options: Mapping[str, Any], base: CheckpointConfig | None = None
     ) -> CheckpointConfig:
-        """A configuration from ``execution.checkpointing.*`` options over ``base`` (defaults);
-        other keys are ignored, an unknown ``execution.checkpointing.*`` key is an error."""
-        changes: dict[str, Any] = {}
-        for key, raw in options.items():
-            if not key.startswith(PREFIX):
-                continue
-            option = _OPTIONS.get(key[len(PREFIX) :])
-            if option is None:
-                raise ConfigError(key, "unknown checkpointing option")
-            field, parse, _ = option
-            try:
-                changes[field] = parse(raw)
-            except ValueError as exc:
-                raise ConfigError(key, str(exc)) from None
+        """A configuration from Flink options over ``base`` (defaults). Keys of other families
+        are ignored; an unknown key of the checkpointing, recovery or restart families is an
+        error naming the closest known one."""
+        changes = parse_section(options, Section.CHECKPOINTING)
+        if "mode" in changes:
+            changes["mode"] = CheckpointingMode[changes["mode"]]
+        if "externalized_retention" in changes:
+            changes["externalized_retention"] = ExternalizedRetention[
+                changes["externalized_retention"]
+            ]
         return dataclasses.replace(base or cls(), **changes).validate()
 
     def to_options(self) -> dict[str, str]:
-        """Every option with its effective value, as Flink writes them (None values left out)."""
+        """Every option that takes effect, with its effective value, as Flink writes them (None
+        values left out)."""
         options = {}
-        for name, (field, _, show) in _OPTIONS.items():
-            value = getattr(self, field)
+        for option in OPTIONS_LIST:
+            if option.section is not Section.CHECKPOINTING or option.field is None:
+                continue
+            value = getattr(self, option.field)
             if value is not None:
-                options[PREFIX + name] = show(value)
+                options[option.key] = show_value(option, value)
         return options
 
 
-def _enum(cls: type[enum.Enum]) -> Callable[[Any], Any]:
-    def parse(text: Any) -> Any:
-        if isinstance(text, cls):
-            return text
-        try:
-            return cls[str(text).strip().upper()]
-        except KeyError:
-            raise ValueError(f"{text!r} is not one of {', '.join(cls.__members__)}") from None
+@dataclass(frozen=True)
+class RecoveryConfig:
+    """``execution.state-recovery.*``: what an agent restores and who owns it afterwards."""
 
-    return parse
+    path: str | None = None
+    claim_mode: str = "NO_CLAIM"
+    """CLAIM: the restored snapshot becomes a checkpoint the job owns (and may delete once
+    subsumed); NO_CLAIM (and Flink's LEGACY): it is never touched, the first checkpoint is full."""
+    ignore_unclaimed_state: bool = False
+    without_channel_state_checkpoint_id: int = -1
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> RecoveryConfig:
+        return dataclasses.replace(cls(), **parse_section(options, Section.RECOVERY))
+
+    @property
+    def claims(self) -> bool:
+        return self.claim_mode == "CLAIM"
 
 
-def _show_bool(value: bool) -> str:
-    return "true" if value else "false"
-
-
-_OPTIONS: dict[str, tuple[str, Callable[[Any], Any], Callable[[Any], str]]] = {
-    "interval": ("interval_ms", _optional(parse_duration), format_duration),
-    "timeout": ("timeout_ms", parse_duration, format_duration),
-    "min-pause": ("min_pause_ms", parse_duration, format_duration),
-    "max-concurrent-checkpoints": ("max_concurrent", _parse_int, str),
-    "tolerable-failed-checkpoints": ("tolerable_failed", _parse_int, str),
-    "mode": ("mode", _enum(CheckpointingMode), lambda v: v.value),
-    "unaligned.enabled": ("unaligned", _parse_bool, _show_bool),
-    "aligned-checkpoint-timeout": (
-        "aligned_checkpoint_timeout_ms",
-        parse_duration,
-        format_duration,
-    ),
-    "externalized-checkpoint-retention": (
-        "externalized_retention",
-        _enum(ExternalizedRetention),
-        lambda v: v.value,
-    ),
-    "num-retained": ("num_retained", _parse_int, str),
-    "incremental": ("incremental", _parse_bool, _show_bool),
-    "dir": ("checkpoint_dir", str, str),
-    "savepoint-dir": ("savepoint_dir", str, str),
-    "checkpoints-after-tasks-finish": ("checkpoints_after_tasks_finish", _parse_bool, _show_bool),
-    "interval-during-backlog": (
-        "interval_during_backlog_ms",
-        _optional(parse_duration),
-        format_duration,
-    ),
-    "unaligned.recover-output-on-downstream.enabled": (
-        "unaligned_recover_output_on_downstream",
-        _parse_bool,
-        _show_bool,
-    ),
-    "unaligned.during-recovery.enabled": ("unaligned_during_recovery", _parse_bool, _show_bool),
-    "periodic-savepoint.interval": (
-        "periodic_savepoint_interval_ms",
-        _optional(parse_duration),
-        format_duration,
-    ),
-    "periodic-savepoint.num-retained": ("periodic_savepoint_num_retained", _parse_int, str),
-}
+def show_value(option: Option, value: Any) -> str:
+    """A value as Flink writes it in a configuration."""
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if option.kind is Kind.DURATION:
+        return format_duration(int(value))
+    return str(value)

@@ -1,0 +1,121 @@
+"""The option table (services/common/options.py): every Flink 2.x option of the checkpointing,
+recovery and restart families parses, older names are understood, a misspelled key is an error
+that names the closest one, options without effect here are listed, and docs/settings.md shows
+the table as the code has it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.common.options import (
+    OPTIONS,
+    OPTIONS_LIST,
+    REST_OPTIONS,
+    ConfigError,
+    markdown_table,
+    normalise,
+    without_effect,
+)
+from services.common.restarts import RestartConfig
+from services.common.settings import REST_FIELDS, CheckpointConfig, RecoveryConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+FLINK_CONFIG = ROOT / "tests" / "flink-2.3-config.yaml"
+
+
+def flink_configuration() -> dict[str, object]:
+    loaded: dict[str, object] = yaml.safe_load(FLINK_CONFIG.read_text())
+    return loaded
+
+
+def test_a_flink_configuration_with_every_2x_option_is_accepted() -> None:
+    options = flink_configuration()
+    assert len(options) >= 50
+    checkpointing = CheckpointConfig.from_options(options)
+    recovery = RecoveryConfig.from_options(options)
+    restart = RestartConfig.from_options(options)
+    assert checkpointing.interval_ms == 10_000 and checkpointing.timeout_ms == 600_000
+    assert recovery.claim_mode == "NO_CLAIM"
+    assert restart.kind(checkpointing=True) == "exponential-delay"
+    assert restart.attempts_before_reset == 2**31 - 1
+
+
+def test_every_option_of_flink_2x_is_in_the_table() -> None:
+    assert set(flink_configuration()) <= set(OPTIONS)
+
+
+def test_options_without_effect_here_are_listed() -> None:
+    listed = without_effect(flink_configuration())
+    assert "execution.checkpointing.file-merging.enabled" in listed
+    assert "execution.checkpointing.local-backup.enabled" in listed
+    assert "execution.checkpointing.interval" not in listed
+    assert all(not OPTIONS[key].takes_effect for key in listed)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("state.checkpoints.dir", "execution.checkpointing.dir"),
+        ("state.savepoints.dir", "execution.checkpointing.savepoint-dir"),
+        ("state.backend.incremental", "execution.checkpointing.incremental"),
+        ("execution.checkpointing.unaligned", "execution.checkpointing.unaligned.enabled"),
+        ("execution.checkpointing.alignment-timeout", "execution.checkpointing.aligned-checkpoint-timeout"),
+        ("restart-strategy", "restart-strategy.type"),
+        ("execution.savepoint.path", "execution.state-recovery.path"),
+        ("execution.savepoint-restore-mode", "execution.state-recovery.claim-mode"),
+        ("execution.checkpointing.unaligned.during-recovery.enabled", "execution.checkpointing.during-recovery.enabled"),
+    ],
+)  # fmt: skip
+def test_older_names_are_understood(old: str, new: str) -> None:
+    assert normalise({old: "x"}) == {new: "x"}
+
+
+def test_the_current_name_wins_over_an_alias_given_too() -> None:
+    both = {"execution.checkpointing.dir": "/new", "state.checkpoints.dir": "/old"}
+    assert normalise(both) == {"execution.checkpointing.dir": "/new"}
+    assert normalise(dict(reversed(both.items()))) == {"execution.checkpointing.dir": "/new"}
+
+
+@pytest.mark.parametrize(
+    ("key", "suggestion"),
+    [
+        ("execution.checkpointing.intervall", "execution.checkpointing.interval"),
+        ("execution.checkpointing.tolerable-failed-checkpoint", "execution.checkpointing.tolerable-failed-checkpoints"),
+        ("execution.state-recovery.claim-mod", "execution.state-recovery.claim-mode"),
+    ],
+)  # fmt: skip
+def test_a_misspelled_key_is_an_error_naming_the_closest_one(key: str, suggestion: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        CheckpointConfig.from_options({key: "1"})
+    assert error.value.field == key and f"did you mean {suggestion}?" in str(error.value)
+
+
+def test_keys_of_other_families_are_not_read_here() -> None:
+    assert normalise({"pipeline.name": "x", "state.backend.type": "rocksdb"}) == {}
+
+
+def test_the_patch_fields_come_from_the_table() -> None:
+    assert set(REST_OPTIONS) == set(REST_FIELDS)
+
+
+def test_effective_options_round_trip_through_flinks_names() -> None:
+    config = CheckpointConfig.from_options(
+        {
+            "execution.checkpointing.interval": "30 s",
+            "execution.checkpointing.mode": "AT_LEAST_ONCE",
+        }
+    )
+    assert CheckpointConfig.from_options(config.to_options()) == config
+
+
+def test_docs_show_the_option_table_as_the_code_has_it() -> None:
+    docs = (ROOT / "docs" / "settings.md").read_text()
+    assert markdown_table() in docs, "regenerate with: python -m services.common.options"
+
+
+def test_every_option_says_what_it_does_here() -> None:
+    for option in OPTIONS_LIST:
+        assert option.meaning and option.effect, option.key
