@@ -18,6 +18,7 @@ from fsspec.core import url_to_fs
 
 from services.agent.state import read_file
 from services.common.events import CheckpointStoreRecord, StateHandleKind
+from services.common.metadata import BadMetadata, SnapshotMetadata
 from services.common.storage import CHECKPOINT_DIR
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class Restored:
     """Sink epochs the snapshot staged, epoch -> staged output files, not yet known published."""
     shared: bool = False
     """The key-group files are shared copies of this job's incremental checkpoints."""
+    files: list[str] = field(default_factory=list)
+    """Every file the snapshot references (what a CLAIM restore takes ownership of)."""
     end_of_input: bool = False
     """Taken after a bounded input was read to its end and its end-of-input hook ran: the
     job's final checkpoint. A job restored from it has nothing left to do."""
@@ -76,44 +79,68 @@ def latest_checkpoint(checkpoint_dir: str, job_id: str) -> str:
     return _protocol_prefix(base) + max(candidates)[1]
 
 
-def load(path: str, job_id: str, checkpoint_dir: str) -> Restored:
-    """A checkpoint or savepoint directory (or its ``_metadata`` file)."""
+def load(
+    path: str, job_id: str, checkpoint_dir: str, max_parallelism: int | None = None
+) -> Restored:
+    """A checkpoint or savepoint directory (or its ``_metadata`` file), wherever it lies now:
+    files inside it are found relative to it. A snapshot taken with another max parallelism is
+    refused (key groups are numbered modulo the max parallelism)."""
     directory = path[: -len("/_metadata")] if path.endswith("/_metadata") else path.rstrip("/")
     try:
-        metadata = json.loads(read_file(f"{directory}/_metadata"))
+        data = read_file(f"{directory}/_metadata")
     except FileNotFoundError as exc:
         raise NoCheckpoint(f"{directory} has no _metadata: not a completed checkpoint") from exc
-    if metadata.get("job_id") not in (job_id, None):
-        log.warning("restoring job %s from a snapshot of job %s", job_id, metadata.get("job_id"))
+    try:
+        metadata = SnapshotMetadata.from_json(data, directory)
+    except BadMetadata as exc:
+        raise NoCheckpoint(str(exc)) from None
+    if metadata.job_id != job_id:
+        log.warning("restoring job %s from a snapshot of job %s", job_id, metadata.job_id)
+    if (
+        max_parallelism is not None
+        and metadata.max_parallelism is not None
+        and metadata.max_parallelism != max_parallelism
+    ):
+        raise ValueError(
+            f"{directory} was taken with max parallelism {metadata.max_parallelism}, the job has "
+            f"{max_parallelism}: its key groups would land on other keys. Restore it with "
+            f"max_parallelism={metadata.max_parallelism}"
+        )
     restored = Restored(
-        int(metadata["checkpoint_id"]),
-        directory,
-        str(metadata.get("snapshot_type", "CHECKPOINT")).startswith("SAVEPOINT"),
+        metadata.checkpoint_id, directory, metadata.is_savepoint, files=metadata.files()
     )
     shared_prefix = posixpath.join(checkpoint_dir.rstrip("/"), job_id, "shared") + "/"
     all_shared = True
-    for subtask in metadata["subtasks"]:
-        for handle in subtask["state_handles"]:
-            kind = StateHandleKind[handle["kind"]]
-            if kind is StateHandleKind.KEYED_STATE:
-                start, end = handle["key_groups"]
-                for group in range(int(start), int(end) + 1):
-                    restored.key_groups[group] = (handle["path"], int(handle["size"]))
-                all_shared &= handle["path"].startswith(shared_prefix)
-            elif kind is StateHandleKind.SOURCE_POSITIONS:
-                positions, ended = source_snapshot(json.loads(read_file(handle["path"])))
+    for subtask in metadata.subtasks:
+        for handle in subtask.handles:
+            if handle.kind is StateHandleKind.KEYED_STATE and handle.key_groups is not None:
+                start, end = handle.key_groups
+                for group in range(start, end + 1):
+                    restored.key_groups[group] = (handle.path, handle.size)
+                all_shared &= handle.path.startswith(shared_prefix)
+            elif handle.kind is StateHandleKind.SOURCE_POSITIONS:
+                positions, ended = source_snapshot(json.loads(read_file(handle.path)))
                 restored.end_of_input |= ended
                 for topic, offsets in positions.items():
                     for partition, offset in offsets.items():
                         restored.positions[(topic, int(partition))] = int(offset)
-            elif kind is StateHandleKind.SINK_EPOCH:
-                manifest = json.loads(read_file(handle["path"]))
+            elif handle.kind is StateHandleKind.SINK_EPOCH:
+                manifest = json.loads(read_file(handle.path))
                 for epoch, outputs in manifest.items():
-                    restored.epochs.setdefault(int(epoch), []).extend(outputs)
+                    restored.epochs.setdefault(int(epoch), []).extend(
+                        resolve(output, directory) for output in outputs
+                    )
     restored.shared = bool(restored.key_groups) and all_shared and not restored.is_savepoint
     for outputs in restored.epochs.values():
         outputs.sort()
     return restored
+
+
+def resolve(path: str, directory: str) -> str:
+    """A path a snapshot file names: relative ones lie inside the snapshot's directory."""
+    if "://" in path or path.startswith("/"):
+        return path
+    return posixpath.join(directory, path)
 
 
 # --- what `--restore latest` means -----------------------------------------------------------------
@@ -129,7 +156,8 @@ def resolve_latest(
 
     The coordinator's store record decides, never a scan of directories that a failed discard
     may have left behind: the newest retained checkpoint that is not a savepoint (what a
-    failover restores). If the job's checkpoints completed once but none is retained (its end
+    failover restores), or the savepoint the job was stopped with when that is newer (as Flink
+    resumes a job stopped with a savepoint). If the job's checkpoints completed once but none is retained (its end
     discarded them), there is nothing to resume from and starting over would emit the whole
     input again: that is refused unless ``allow_fresh_start``. A job the coordinator has no
     completed checkpoint of starts from the beginning. Only when the coordinator has no record
@@ -140,16 +168,24 @@ def resolve_latest(
         except NoCheckpoint as exc:
             log.warning("job %s: %s; starting from the beginning", job_id, exc)
             return None
-    retained = [r for r in record.retained if not r.snapshot_type.is_savepoint]
-    if retained:
-        latest = max(retained, key=lambda r: r.checkpoint_id)
-        fs, root = url_to_fs(f"{latest.external_path}/_metadata")
+    candidates = [
+        (r.checkpoint_id, r.external_path, "checkpoint")
+        for r in record.retained
+        if not r.snapshot_type.is_savepoint
+    ] + [
+        (s.checkpoint_id, s.external_path, "stop-with-savepoint savepoint")
+        for s in record.savepoints
+        if s.kind == "stop" and not s.disposed
+    ]  # a job stopped with a savepoint resumes from it; intermediate savepoints are never used
+    if candidates:
+        checkpoint_id, path, what = max(candidates)
+        fs, root = url_to_fs(f"{path}/_metadata")
         if not fs.exists(root):
             raise NoCheckpoint(
-                f"the coordinator retains checkpoint {latest.checkpoint_id} of job {job_id} at "
-                f"{latest.external_path}, but it has no _metadata there (deleted by hand?)"
+                f"the coordinator retains {what} {checkpoint_id} of job {job_id} at {path}, but "
+                "it has no _metadata there (deleted by hand?)"
             )
-        return latest.external_path
+        return path
     if record.last_completed_checkpoint_id is None:
         log.warning(
             "job %s: no checkpoint of it ever completed; starting from the beginning", job_id

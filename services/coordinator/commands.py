@@ -10,6 +10,7 @@ from services.common.events import (
     AcknowledgeCheckpoint,
     CheckpointFailureReason,
     Event,
+    SavepointFormat,
     SnapshotType,
 )
 from services.coordinator.store import Discard
@@ -59,6 +60,7 @@ class FinalizeCheckpoint:
     trigger_ms: int
     external_path: str
     acknowledgements: tuple[AcknowledgeCheckpoint, ...]
+    format_type: SavepointFormat = SavepointFormat.CANONICAL
 
 
 @dataclass(frozen=True, slots=True)

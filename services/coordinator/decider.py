@@ -23,7 +23,7 @@ import bisect
 import itertools
 from dataclasses import dataclass, field
 
-from services.common.events import CheckpointFailureReason, SnapshotType
+from services.common.events import CheckpointFailureReason, SavepointFormat, SnapshotType
 
 DEFAULT_MAX_QUEUED = 1000
 """Flink's default: enough for any burst of user requests, small enough to sort cheaply."""
@@ -39,6 +39,7 @@ class CheckpointRequest:
     request_id: str | None = None
     forced: bool = False
     target_directory: str | None = None
+    format_type: SavepointFormat = SavepointFormat.CANONICAL
     sequence: int = field(default=0, compare=False)
 
     @property

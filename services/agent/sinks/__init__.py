@@ -98,22 +98,25 @@ class EpochCommitter:
     def __init__(self, sink: SinkWriter, job_id: str) -> None:
         self.sink = sink
         self.job_id = job_id
-        self._queue: queue.Queue[tuple[int, list[str]] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[int, list[str], bool] | None] = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"commit-{job_id}", daemon=True)
         self._thread.start()
 
-    def submit(self, epoch: int, outputs: list[str]) -> None:
-        self._queue.put((epoch, sorted(outputs)))
+    def submit(self, epoch: int, outputs: list[str], delete: bool = True) -> None:
+        """Publishes an epoch; ``delete``: its staged files are this agent's, removed once
+        visible (restored epochs name files of a snapshot or of an earlier run: kept)."""
+        self._queue.put((epoch, sorted(outputs), delete))
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            epoch, outputs = item
+            epoch, outputs, delete = item
             try:
                 if self._error is None:
                     count = self.sink.publish_epoch(epoch, outputs)
                     log.info("job %s: epoch %d committed (%d records)", self.job_id, epoch, count)
-                    delete_files(outputs)
+                    if delete:
+                        delete_files(outputs)
             except BaseException as exc:  # kept for the loop: it fails the job loudly
                 self._error = exc
             finally:
