@@ -37,6 +37,7 @@ bench: install
 	$(BIN)/python bench/coordinator_core.py
 	$(BIN)/python bench/coordinator_latency.py
 	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/failover.py
 
 # Kill-point and bad-event campaigns (bench/chaos.py): long, never part of `make test`.
 chaos: install

@@ -143,6 +143,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         restore=args.restore,
         allow_non_restored_state=args.allow_non_restored_state,
         allow_fresh_start=args.allow_fresh_start,
+        claim_mode=args.claim_mode,
         master=args.master,
         spark_settings=spark_settings,
         checkpoint_dir=args.checkpoint_dir,
@@ -171,9 +172,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     from services.client import call, rest_url
 
     jobs = call(rest_url(args.rest), "GET", "/jobs")["jobs"]
-    say(f"{'id':<24} {'status':<10} {'parallelism':>11}  name")
+    say(f"{'id':<24} {'status':<10} {'parallelism':>11} {'restarts':>8}  name")
     for job in jobs:
-        say(f"{job['id']:<24} {job['status']:<10} {job['parallelism']:>11}  {job['name']}")
+        restarts = job.get("restarts", 0)
+        say(
+            f"{job['id']:<24} {job['status']:<10} {job['parallelism']:>11} {restarts:>8}  {job['name']}"
+        )
     return EXIT_OK
 
 
@@ -217,6 +221,21 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     from services.client import call, rest_url, wait_for_trigger
 
     base = rest_url(args.rest)
+    if args.dispose:
+        if args.job or args.target_dir:
+            raise OperationFailed("--dispose PATH takes no JOB or TARGET_DIR")
+        answer = call(base, "POST", "/savepoint-disposal", {"savepoint-path": args.dispose})
+        operation = answer.get("operation")
+        if operation is None:
+            operation = wait_for_trigger(
+                base, f"/savepoint-disposal/{answer['request-id']}", args.timeout
+            )
+        if "failure-cause" in operation:
+            raise OperationFailed(f"disposing {args.dispose} failed: {operation['failure-cause']}")
+        say(f"disposed savepoint {args.dispose}")
+        return EXIT_OK
+    if not args.job:
+        raise OperationFailed("a JOB is needed (or --dispose PATH)")
     body = {"target-directory": args.target_dir, "cancel-job": False}
     request_id = call(base, "POST", f"/jobs/{args.job}/savepoints", body)["request-id"]
     say(
@@ -351,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --restore latest: start from the beginning of the input when the job's "
         "checkpoints were discarded at its end (otherwise that is refused)",
     )
+    agent.add_argument(
+        "--claim-mode",
+        choices=["CLAIM", "NO_CLAIM"],
+        help="execution.state-recovery.claim-mode for --restore PATH (default NO_CLAIM: the "
+        "snapshot is never touched; CLAIM: the job owns it, retention may delete it)",
+    )
     agent.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     agent.add_argument(
         "--conf", action="append", metavar="spark.KEY=VALUE", help="a Spark setting (repeatable)"
@@ -390,9 +415,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("stop", "stop the job with a savepoint, print its path", cmd_stop),
     ):
         command = rest_command(name, help_text)
-        command.add_argument("job")
+        command.add_argument("job", nargs="?" if name == "savepoint" else None)
         if name == "savepoint":
             command.add_argument("target_dir", nargs="?", metavar="TARGET_DIR")
+            command.add_argument(
+                "--dispose",
+                metavar="PATH",
+                help="delete the savepoint at PATH instead (as flink savepoint -d)",
+            )
         if name == "stop":
             command.add_argument("--savepoint", metavar="TARGET_DIR")
         command.add_argument(

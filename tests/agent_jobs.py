@@ -7,9 +7,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from pathlib import Path
 
-from services.agent.example import example_job
-from services.agent.job import DeliveryGuarantee, FileSink, Job, KafkaSink, KafkaSource
+import pandas as pd
+
+from services.agent.example import PaymentStats, example_job
+from services.agent.job import (
+    DeliveryGuarantee,
+    FileSink,
+    Job,
+    KafkaSink,
+    KafkaSource,
+    KeyedState,
+)
 
 FAST_CHECKPOINTS = {
     "execution.checkpointing.interval": "1s",
@@ -50,3 +60,31 @@ def job() -> Job:
         env.get("TEST_BOUNDED", "1") == "1",
         env.get("TEST_SINK", "kafka"),
     )
+
+
+class FailingOnce(PaymentStats):
+    """The example function, failing once when it first sees a payment id at or above
+    ``at_id``: the marker file records that it failed (tasks run in other processes), so the
+    restarted job gets past that point."""
+
+    def __init__(self, at_id: int, marker: str) -> None:
+        self.at_id = at_id
+        self.marker = marker
+
+    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        if int(records["id"].max()) >= self.at_id and not Path(self.marker).exists():
+            Path(self.marker).write_text("failed once")
+            raise RuntimeError(f"scripted failure at payment {self.at_id}")
+        return super().process(records, state)
+
+
+class AlwaysFailing(PaymentStats):
+    """Fails every time it sees a payment id at or above ``at_id``."""
+
+    def __init__(self, at_id: int) -> None:
+        self.at_id = at_id
+
+    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        if int(records["id"].max()) >= self.at_id:
+            raise RuntimeError(f"scripted failure at payment {self.at_id}, every time")
+        return super().process(records, state)

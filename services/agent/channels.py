@@ -35,6 +35,10 @@ class Segment:
     data: bytes | None
     """In memory, or None when spilled to ``path``."""
     path: str | None = None
+    source: tuple[str, int] | None = None
+    """The source partition its records came from, and the offset its fetch started at: an
+    at-least-once snapshot re-reads from there whatever is still queued."""
+    first_offset: int = 0
 
     def payload(self) -> bytes | str:
         """What a stage-2 task needs: the bytes, or the spill file to read."""
@@ -58,9 +62,11 @@ class Channel:
     spilled_total: int = 0
     _sequence: int = 0
 
-    def append(self, data: bytes, rows: int) -> Segment:
+    def append(
+        self, data: bytes, rows: int, source: tuple[str, int] | None = None, first_offset: int = 0
+    ) -> Segment:
         self._sequence += 1
-        segment = Segment(self._sequence, rows, len(data), data)
+        segment = Segment(self._sequence, rows, len(data), data, None, source, first_offset)
         if self.in_memory + len(data) > self.memory_budget:
             self._spill(segment)
         else:
@@ -130,6 +136,16 @@ class Channel:
 
     def remove_barrier(self, checkpoint_id: int) -> None:
         self.barriers = deque(b for b in self.barriers if b[0] != checkpoint_id)
+
+    def unprocessed_from(self) -> dict[tuple[str, int], int]:
+        """Per source partition, the offset its oldest queued segment was fetched from."""
+        oldest: dict[tuple[str, int], int] = {}
+        for segment in self.segments:
+            if segment.source is not None:
+                oldest[segment.source] = min(
+                    oldest.get(segment.source, segment.first_offset), segment.first_offset
+                )
+        return oldest
 
     def clear(self) -> None:
         self.consumed(list(self.segments))

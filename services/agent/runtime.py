@@ -29,6 +29,7 @@ import signal
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -105,13 +106,20 @@ from services.common.kafka import (
     partition_of,
 )
 from services.common.keygroups import key_group_range
-from services.common.settings import CheckpointConfig
+from services.common.limits import MAX_TEXT
+from services.common.options import in_families, normalise, without_effect
+from services.common.restarts import RestartConfig
+from services.common.settings import CheckpointConfig, CheckpointingMode, RecoveryConfig
+from services.common.storage import absolute
 from services.common.topics import ACKS, CONTROL, JOBS
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
 """How long the loop waits on the control topic when there is nothing to fetch or process."""
+
+MAX_STACKTRACE = 64 * 1024
+"""The end of a failure's traceback that travels with RESTARTING and FAILED (the cause is last)."""
 
 MAX_ROWS_PER_ROUND = 250_000
 """Rows a stage-2 task takes from its channel per round: bounds a round's latency and memory."""
@@ -143,6 +151,8 @@ class AgentOptions:
     allow_fresh_start: bool = False
     """With ``restore="latest"``: start from the beginning when the job's checkpoints were
     discarded at its end, instead of refusing to."""
+    claim_mode: str | None = None
+    """``execution.state-recovery.claim-mode`` over the job's (CLAIM or NO_CLAIM)."""
 
 
 Plan = list[tuple[Upload, str | None]]
@@ -186,10 +196,6 @@ class Restart(Exception):
         self.path = path
 
 
-def _absolute(url: str) -> str:
-    return url if "://" in url else str(Path(url).expanduser().resolve())
-
-
 class Agent:
     def __init__(self, job: Job, options: AgentOptions, codec: EventCodec, spark: Any = None):
         self.job = job
@@ -198,14 +204,24 @@ class Agent:
         self.parallelism = options.parallelism or job.parallelism
         self.max_parallelism = job.max_parallelism
         self.job_id = job.id
-        settings = dict(job.settings)
+        # Flink's current names (older ones resolved), so that defaults below never shadow them
+        settings = {k: v for k, v in job.settings.items() if not in_families(k)}
+        settings |= {k: str(v) for k, v in normalise(job.settings).items()}
         settings.setdefault("execution.checkpointing.incremental", "true")
+        if options.claim_mode:
+            settings["execution.state-recovery.claim-mode"] = options.claim_mode
         if options.checkpoint_dir:
             settings["execution.checkpointing.dir"] = options.checkpoint_dir
         settings.setdefault("execution.checkpointing.dir", CheckpointConfig().checkpoint_dir)
-        settings["execution.checkpointing.dir"] = _absolute(settings["execution.checkpointing.dir"])
+        for key in ("execution.checkpointing.dir", "execution.checkpointing.savepoint-dir"):
+            if key in settings:  # relative directories mean this process's working directory
+                settings[key] = absolute(settings[key])
         self.config = CheckpointConfig.from_options(settings, CheckpointConfig())
+        self.recovery = RecoveryConfig.from_options(settings)
+        self.restart_config = RestartConfig.from_options(settings)
         self.settings = settings
+        self.no_effect = without_effect(settings)
+        """Options the job sets that have no effect here: listed once at start."""
         self.checkpoint_dir = self.config.checkpoint_dir
         self.shared_dir, self.taskowned_dir = job_dirs(self.checkpoint_dir, self.job_id)
         self.agent_id = f"agent-{uuid.uuid4().hex[:8]}"
@@ -236,6 +252,19 @@ class Agent:
             key_group_range(self.max_parallelism, self.parallelism, i)
             for i in range(self.parallelism)
         ]
+        self.source: KafkaSourceReader | FileSourceReader
+        self.control: EventSubscriber
+        self.running_once = False
+        """The job ran at least once: later failures go to the restart strategy."""
+        self.failures: list[Exception] = []
+        self.last_failure_ms = 0
+        self.restarts = 0
+        self.processed_rows = 0
+        """Rows stage 2 processed, over every attempt."""
+        self.latest_completed: str | None = None
+        """The newest checkpoint (not savepoint) this agent saw complete: what a restart restores."""
+        self.started_from: str | None = None
+        """The snapshot the job was first restored from, if any."""
         self.rounds = 0
         """Stage-2 rounds so far: numbers state versions and staged output files."""
         self.completed_checkpoints: list[int] = []
@@ -289,8 +318,16 @@ class Agent:
         return self.membership.attempt
 
     def run(self) -> JobStatus:
-        """Runs the job until it finishes, is stopped, or fails; returns its final status."""
-        restore = self.options.restore
+        """Runs the job until it finishes, is stopped, or fails for good; returns its final
+        status. A failure after the job first ran goes to the restart strategy: the job restarts
+        in this process (Spark stays warm) from its latest completed checkpoint, or fails."""
+        restore = self.options.restore or self.recovery.path
+        if self.no_effect:
+            log.warning(
+                "job %s: options without effect here (accepted as Flink accepts them): %s",
+                self.job_id, ", ".join(self.no_effect),
+            )  # fmt: skip
+        self.strategy = self.restart_config.strategy(self.config.periodic)
         next_attempt = 0
         try:
             while True:
@@ -298,16 +335,24 @@ class Agent:
                     self._start(restore, next_attempt)
                     self._loop()
                     break
-                except Restart as restart:
+                except (RegistrationRefused, Superseded):
+                    raise
+                except Exception as failure:
+                    if not self.running_once:
+                        raise  # it never ran: nothing to restart, the cause is in the setup
+                    delay = self._failed(failure)
+                    if delay is None:
+                        raise
                     next_attempt = self.attempt + 1
-                    restore = restart.path or "latest"
+                    restore = self._restart_from(failure)
+                    if self.stopping.wait(delay / 1000):
+                        self._announce(JobStatus.CANCELED)
+                        self.status = JobStatus.CANCELED
+                        break
                     log.warning(
                         "job %s: restarting (attempt %d) from %s",
-                        self.job_id,
-                        next_attempt,
-                        restore,
-                    )
-                    self._reset()
+                        self.job_id, next_attempt, restore or "the beginning",
+                    )  # fmt: skip
         except (RegistrationRefused, Superseded) as exc:
             # not this agent's job (any more): its status is not this agent's to announce
             log.error("job %s: %s", self.job_id, exc)
@@ -315,13 +360,45 @@ class Agent:
             raise
         except Exception as exc:
             log.exception("job %s failed", self.job_id)
-            if self.membership.accepted:  # before that, the job's status is not this agent's
-                self._announce(JobStatus.FAILED, f"{type(exc).__name__}: {exc}")
+            if self.membership.accepted and self.status is not JobStatus.FAILED:
+                self._announce(JobStatus.FAILED, failure=exc)
             self.status = JobStatus.FAILED
             raise
         finally:
             self._close()
         return self.status
+
+    def _failed(self, failure: Exception) -> int | None:
+        """Tells the restart strategy; returns how long to wait before restarting, or None when
+        the job fails for good (announced FAILED here)."""
+        self.last_failure_ms = now_ms()
+        self.strategy.notify_failure(self.last_failure_ms)
+        self.failures.append(failure)
+        if not self.strategy.can_restart() or self.stopping.is_set():
+            log.error(
+                "job %s failed; the %s restart strategy gives up after %d failures",
+                self.job_id, self.strategy.name, len(self.failures),
+            )  # fmt: skip
+            self._announce(JobStatus.FAILED, failure=failure)
+            self.status = JobStatus.FAILED
+            return None
+        delay = self.strategy.backoff_ms()
+        log.warning(
+            "job %s failed (%s: %s); %s restart in %d ms",
+            self.job_id, type(failure).__name__, failure, self.strategy.name, delay,
+        )  # fmt: skip
+        self.status = JobStatus.RESTARTING
+        self._announce(JobStatus.RESTARTING, failure=failure, restart_delay_ms=delay)
+        self.restarts += 1
+        self._reset()
+        return delay
+
+    def _restart_from(self, failure: Exception) -> str | None:
+        """What a restart restores: the checkpoint a failover request names, else the latest
+        checkpoint this job completed, else what it was started from (a savepoint, say)."""
+        if isinstance(failure, Restart) and failure.path:
+            return failure.path
+        return self.latest_completed or self.started_from
 
     def stop(self) -> None:
         """Cancel (Ctrl-C, SIGTERM): the job ends CANCELED at the end of the current round."""
@@ -335,7 +412,7 @@ class Agent:
         self.publisher.close(10)
         for closable in ("control", "source"):
             resource = getattr(self, closable, None)
-            if resource is not None:
+            if resource is not None:  # None: already closed after a failure
                 try:
                     resource.close()
                 except Exception as exc:  # closing after a failure: report, go on closing
@@ -343,10 +420,25 @@ class Agent:
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def _reset(self) -> None:
-        self.committer.drain()  # completed epochs first; the restore publishes nothing twice
-        for resource in ("control", "source"):
-            getattr(self, resource).close()
-        for channel in self.channels:
+        """After a failure: completed epochs made visible where possible (the restore publishes
+        the rest), the sink and the committer renewed, sources and channels let go."""
+        try:
+            self.committer.drain()
+        except Exception as exc:  # that epoch is published again by the restore
+            log.warning("job %s: %s", self.job_id, exc)
+        self.committer.close()
+        for closable in (self.sink, getattr(self, "control", None), getattr(self, "source", None)):
+            if closable is None:
+                continue
+            try:
+                closable.close()
+            except Exception as exc:  # closing after a failure: report, go on
+                log.warning("job %s: closing after a failure: %s", self.job_id, exc)
+        self.control = None  # type: ignore[assignment]  # opened again by the next start
+        self.source = None  # type: ignore[assignment]
+        self.sink = self._sink_writer()
+        self.committer = EpochCommitter(self.sink, self.job_id)
+        for channel in getattr(self, "channels", []):
             channel.clear()
 
     def _start(self, restore: str | None, attempt: int) -> None:
@@ -363,7 +455,9 @@ class Agent:
         self.source = self._source_reader()
         if restored is not None:
             unknown = {t for t, _ in restored.positions} - set(self.source.names)
-            if unknown and not self.options.allow_non_restored_state:
+            if unknown and not (
+                self.options.allow_non_restored_state or self.recovery.ignore_unclaimed_state
+            ):
                 raise ValueError(
                     f"the snapshot has positions of topics {sorted(unknown)} that the job does not read; "
                     "pass --allow-non-restored-state to drop them"
@@ -389,6 +483,9 @@ class Agent:
             self._publish_restored_epochs(restored)
         self._clean_task_owned()
         self.status = JobStatus.RUNNING
+        if not self.running_once and restored is not None:
+            self.started_from = restored.external_path
+        self.running_once = True
         self.start_seconds = time.monotonic() - started
         log.info(
             "job %s running: agent %s attempt %d, parallelism %d, %d key groups restored, started in %.1f s",
@@ -397,6 +494,9 @@ class Agent:
         )  # fmt: skip
 
     def _restored(self, restore: str) -> Restored | None:
+        """The snapshot to restore. ``latest`` is the job's own (as a failover restores it);
+        an explicit path follows the claim mode: only CLAIM lets the job build on its files."""
+        own = restore == "latest" or restore in (self.latest_completed, self.started_from)
         if restore == "latest":
             record = latest_store_record(self.options.bootstrap, self.codec, self.job_id)
             found = resolve_latest(
@@ -408,7 +508,10 @@ class Agent:
         else:
             path = restore
         log.info("job %s: restoring from %s", self.job_id, path)
-        return load(path, self.job_id, self.checkpoint_dir)
+        restored = load(path, self.job_id, self.checkpoint_dir, self.max_parallelism)
+        # NO_CLAIM: the first checkpoint copies every key group, the snapshot stays untouched
+        restored.shared &= own or self.recovery.claims
+        return restored
 
     def _publish_restored_epochs(self, restored: Restored) -> None:
         """Epochs <= the restored checkpoint completed; publish those the sink has not."""
@@ -434,7 +537,7 @@ class Agent:
             log.info(
                 "job %s: epoch %d completed but is not published: publishing", self.job_id, epoch
             )
-            self.committer.submit(epoch, outputs)
+            self.committer.submit(epoch, outputs, delete=False)
         self.committer.drain()
 
     def _clean_task_owned(self) -> None:
@@ -480,16 +583,27 @@ class Agent:
         )  # fmt: skip
 
     def _announce(
-        self, status: JobStatus, message: str | None = None, end_of_input: bool = False
+        self,
+        status: JobStatus,
+        message: str | None = None,
+        end_of_input: bool = False,
+        failure: BaseException | None = None,
+        restart_delay_ms: int | None = None,
     ) -> None:
+        exception_name = stacktrace = None
+        if failure is not None:
+            exception_name = type(failure).__qualname__
+            message = message or f"{exception_name}: {failure}"[:MAX_TEXT]
+            stacktrace = "".join(traceback.format_exception(failure))[-MAX_STACKTRACE:]
         event = JobStatusChanged(
             self.job_id, self.agent_id, self.attempt, status, now_ms(), message=message,
-            end_of_input=end_of_input,
+            end_of_input=end_of_input, exception_name=exception_name, stacktrace=stacktrace,
+            restart_delay_ms=restart_delay_ms,
         )  # fmt: skip
         try:
             self.publisher.publish_sync(JOBS, self.job_id, event)
             registration = self.membership.registration
-            if end_of_input and registration is not None:
+            if (end_of_input or status is JobStatus.RESTARTING) and registration is not None:
                 # keep the registration as the job's latest record (compaction)
                 self.publisher.publish_sync(JOBS, self.job_id, registration)
         except Exception as exc:
@@ -583,9 +697,11 @@ class Agent:
                     offset,
                     reason,
                 )
+            partition = (result.topic, result.partition)
+            started_at = self.source.positions[partition]
             for subtask, data, rows in result.segments:
-                self.channels[subtask].append(data, rows)
-            self.source.positions[(result.topic, result.partition)] = result.next_offset
+                self.channels[subtask].append(data, rows, partition, started_at)
+            self.source.positions[partition] = result.next_offset
             fetched += result.records
         if fetched:
             crash_point("mid-batch")
@@ -636,6 +752,7 @@ class Agent:
                 paths = [path for _, path in outputs]
                 self.sink.write_now(paths)
                 delete_files(paths)
+        self.processed_rows += sum(s.rows for segments in taken.values() for s in segments)
         return True
 
     def _shippable(self, segment: Segment) -> bytes | str:
@@ -678,14 +795,21 @@ class Agent:
         self.highest_trigger = checkpoint_id
         pending = PendingSnapshot(trigger, time.monotonic(), final=self.end_of_input)
         self.pending[checkpoint_id] = pending
-        for channel in self.channels:
-            channel.add_barrier(checkpoint_id)
-        # sources snapshot at once: their positions are where the barrier enters the channels
+        at_least_once = (
+            self.config.mode is CheckpointingMode.AT_LEAST_ONCE
+            and not trigger.snapshot_type.is_savepoint
+        )
+        positions = self._unprocessed_positions() if at_least_once else None
+        if not at_least_once:
+            for channel in self.channels:
+                channel.add_barrier(checkpoint_id)
+        # sources snapshot at once: exactly-once, their positions are where the barrier enters
+        # the channels; at-least-once, where the oldest record not yet processed was read
         for i in range(self.parallelism):
             path = f"{trigger.target_location}/source-{i}.json"
             snapshot = {
                 "format": SOURCE_FORMAT,
-                "positions": self.source.snapshot(i),
+                "positions": self.source.snapshot(i, positions),
                 "end_of_input": self.end_of_input,
             }
             data = json.dumps(snapshot).encode()
@@ -696,6 +820,18 @@ class Agent:
                 pending, f"source-{i}", [handle], state_size=len(data), checkpointed=len(data),
                 sync_ms=int((time.monotonic() - started) * 1000), async_ms=0,
             )  # fmt: skip
+
+        if at_least_once:
+            self._snapshot(checkpoint_id, pending)  # no alignment: the state as it stands
+
+    def _unprocessed_positions(self) -> dict[tuple[str, int], int]:
+        """Where an at-least-once snapshot's sources restart: before every record still queued
+        (those processed meanwhile are processed again after a restore, never lost)."""
+        positions = dict(self.source.positions)
+        for channel in self.channels:
+            for partition, offset in channel.unprocessed_from().items():
+                positions[partition] = min(positions.get(partition, offset), offset)
+        return positions
 
     def _snapshot_aligned(self) -> None:
         for checkpoint_id in sorted(self.pending):
@@ -725,6 +861,8 @@ class Agent:
                 str(epoch): sorted(path for subtask, path in outputs if subtask == i)
                 for epoch, outputs in self.sealed.items()
             }
+            if trigger.snapshot_type.is_savepoint:
+                manifest = self._self_contained(manifest, trigger.target_location)
             future = self.copier.submit(
                 self._copy, plan, f"{trigger.target_location}/sink-{i}.json", manifest
             )
@@ -736,6 +874,19 @@ class Agent:
             checkpoint_id,
             pending.aligned_ms,
         )
+
+    def _self_contained(self, manifest: dict[str, list[str]], target: str) -> dict[str, list[str]]:
+        """A savepoint keeps copies of the staged output it names (relative paths inside it), so
+        it restores anywhere, even where this agent's working files are gone. Copied now: the
+        committer may publish and delete the originals at any moment after this round."""
+        kept: dict[str, list[str]] = {}
+        for epoch, outputs in manifest.items():
+            kept[epoch] = []
+            for path in outputs:
+                name = f"sink/{posixpath.basename(path)}"
+                copy_file(path, f"{target}/{name}")
+                kept[epoch].append(name)
+        return kept
 
     def _copy(self, plan: Plan, manifest_path: str, manifest: dict[str, list[str]]) -> None:
         try:
@@ -840,6 +991,8 @@ class Agent:
             if outputs:
                 self.committer.submit(epoch, [path for _, path in outputs])
         self.completed_checkpoints.append(checkpoint_id)
+        if not event.is_savepoint:
+            self.latest_completed = event.external_path
         for older in [c for c in self.pending if c < checkpoint_id and self.pending[c].snapshotted]:
             # subsumed (Flink's notifyCheckpointComplete covers earlier checkpoints)
             self.orphans += self.pending.pop(older).copies

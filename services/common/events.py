@@ -139,6 +139,19 @@ class CheckpointSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class SavepointRecord:
+    checkpoint_id: int
+    external_path: str
+    trigger_timestamp: int
+    completed_timestamp: int
+    state_size_bytes: int
+    format_type: str
+    kind: str
+    """manual, periodic, or stop (stop-with-savepoint)."""
+    disposed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class RetainedCheckpoint:
     checkpoint_id: int
     snapshot_type: SnapshotType
@@ -181,6 +194,9 @@ class JobStatusChanged:
     processing_backlog: bool | None = None
     message: str | None = None
     end_of_input: bool = False
+    exception_name: str | None = None
+    stacktrace: str | None = None
+    restart_delay_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +343,7 @@ class CheckpointStoreRecord:
     last_completed_checkpoint_id: int | None = None
     job_status: str | None = None
     externalized_retention: str | None = None
+    savepoints: list[SavepointRecord] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

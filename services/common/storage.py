@@ -48,6 +48,12 @@ def canonical(url: str) -> str:
     return os.path.normpath(os.path.abspath(os.path.expanduser(url)))
 
 
+def absolute(url: str) -> str:
+    """A URL as given, a local path made absolute (relative paths mean the working directory of
+    the process that reads them; resolved once, at start, and shown)."""
+    return url if "://" in url else str(Path(url).expanduser().resolve())
+
+
 def _plain(path: str) -> bool:
     return path.startswith("/") and "/." not in path and "//" not in path and not path.endswith("/")
 

@@ -133,6 +133,15 @@ def registration_problem(
         return f"restored checkpoint id must be within 1..{MAX_ID}, got {r.restored_checkpoint_id}"
     if r.restored_external_path is not None and len(r.restored_external_path) > MAX_TEXT:
         return f"restored path longer than {MAX_TEXT} characters"
+    if (
+        r.restored_external_path is not None
+        and r.configuration.get("execution.state-recovery.claim-mode", "").upper() == "CLAIM"
+        and not in_roots(r.restored_external_path)
+    ):
+        return (
+            f"claim mode CLAIM takes ownership of {r.restored_external_path}, which lies outside "
+            f"the coordinator's storage roots ({roots}): restore it with NO_CLAIM"
+        )
     return _configuration_problem(r.configuration, in_roots, roots)
 
 

@@ -10,89 +10,61 @@ Every operation declares in ``/openapi.json`` each status it can answer and the 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from services.common.events import CheckpointSettings
-from services.common.limits import MAX_ID, MAX_TEXT
-from services.common.settings import PREFIX, REST_FIELDS, CheckpointConfig, ConfigError
+from services.common.events import SavepointFormat
+from services.common.limits import MAX_TEXT
+from services.common.metadata import BadMetadata, SnapshotMetadata
+from services.common.settings import CheckpointConfig, ConfigError
 from services.common.storage import PathOutsideRoots
+from services.coordinator import job_views
+from services.coordinator.rest_models import (
+    BAD_REQUEST,
+    CONFLICT,
+    ELSEWHERE,
+    NO_JOB,
+    NO_SAVEPOINTS,
+    NOT_FOUND,
+    OPTION_TO_REST,
+    UNAVAILABLE,
+    CheckpointConfigInfo,
+    CheckpointDetails,
+    CheckpointingStatistics,
+    CheckpointTriggerBody,
+    ConfigurationUpdate,
+    CoordinatorApp,
+    DisposalRequest,
+    JobConfig,
+    JobDetails,
+    JobExceptions,
+    JobList,
+    JobsOverview,
+    SavepointList,
+    SavepointRequest,
+    StopRequest,
+    TriggerId,
+    TriggerStatus,
+    answers,
+)
 from services.coordinator.service import (
     CoordinatorService,
+    DisposalRefused,
+    OwnedElsewhere,
     OwnedJob,
     TriggerRequest,
     UnknownJob,
     UpdateInProgress,
 )
 from services.coordinator.writer import NotOwner
-
-OPTION_TO_REST = {
-    PREFIX + "interval": "checkpointInterval",
-    PREFIX + "timeout": "checkpointTimeout",
-    PREFIX + "min-pause": "minPauseBetweenCheckpoints",
-    PREFIX + "max-concurrent-checkpoints": "maxConcurrentCheckpoints",
-    PREFIX + "tolerable-failed-checkpoints": "tolerableCheckpointFailureNumber",
-    PREFIX + "aligned-checkpoint-timeout": "alignedCheckpointTimeout",
-}
-
-MAX_COUNT = 2**31 - 1
-"""Counts in the override record are Avro ints."""
-
-
-class ConfigurationUpdate(BaseModel):
-    """``PATCH /jobs/{jobid}/checkpoints/configuration``: every field optional, durations in ms."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    # Bounded by what the override record carries (Avro long durations below MAX_ID, int
-    # counts): a larger value is a 400 naming the field, not a change that fails to persist.
-    checkpointInterval: int | None = Field(default=None, gt=0, le=MAX_ID)
-    checkpointTimeout: int | None = Field(default=None, gt=0, le=MAX_ID)
-    minPauseBetweenCheckpoints: int | None = Field(default=None, ge=0, le=MAX_ID)
-    maxConcurrentCheckpoints: int | None = Field(default=None, ge=1, le=MAX_COUNT)
-    tolerableCheckpointFailureNumber: int | None = Field(default=None, ge=0, le=MAX_COUNT)
-    alignedCheckpointTimeout: int | None = Field(default=None, ge=0, le=MAX_ID)
-
-    def settings(self) -> CheckpointSettings:
-        return CheckpointSettings(
-            **{field: getattr(self, rest) for rest, field in REST_FIELDS.items()}
-        )
-
-
-class SavepointRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    target_directory: str | None = Field(default=None, alias="target-directory")
-    cancel_job: bool = Field(default=False, alias="cancel-job")
-    # documented as the enum it is; checked in the handler, whose message names the field
-    formatType: str = Field(
-        default="CANONICAL", json_schema_extra={"enum": ["CANONICAL", "NATIVE"]}
-    )
-
-
-class StopRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    targetDirectory: str | None = None
-    drain: bool = False
-
-
-class CheckpointTriggerBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    checkpointType: str = Field(
-        default="CONFIGURED", json_schema_extra={"enum": ["CONFIGURED", "FULL", "INCREMENTAL"]}
-    )
 
 
 class NotHere(Exception):
@@ -101,214 +73,6 @@ class NotHere(Exception):
     def __init__(self, job_id: str) -> None:
         super().__init__(job_id)
         self.job_id = job_id
-
-
-# --- what each operation answers, for /openapi.json ----------------------------------------------
-# The handlers return plain dicts (their JSON is Flink's, unchanged); these models only document
-# the bodies. A model allows more properties than it names, as Flink's clients ignore new ones.
-
-
-class Errors(BaseModel):
-    """Every error, in Flink's shape; a message about a request field names the field."""
-
-    errors: list[str]
-
-
-class JobOverview(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    id: str
-    name: str
-    status: str
-    parallelism: int
-
-
-class JobList(BaseModel):
-    """``GET /jobs``: the jobs this instance drives, then those that ended here."""
-
-    model_config = ConfigDict(extra="allow")
-
-    jobs: list[JobOverview]
-
-
-class Externalization(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    enabled: bool
-    delete_on_cancellation: bool
-
-
-class CheckpointConfigInfo(BaseModel):
-    """The effective checkpointing configuration (Flink's CheckpointConfigInfo), durations in
-    ms; ``interval`` is null when periodic checkpoints are off."""
-
-    model_config = ConfigDict(extra="allow")
-
-    mode: Literal["exactly_once", "at_least_once"]
-    interval: int | None
-    timeout: int
-    min_pause: int
-    max_concurrent: int
-    tolerable_failed_checkpoints: int
-    unaligned_checkpoints: bool
-    aligned_checkpoint_timeout: int
-    externalization: Externalization
-    state_backend: str
-    checkpoint_storage: str
-    checkpoints_after_tasks_finish: bool
-    num_retained: int
-    interval_during_backlog: int | None
-
-
-class CheckpointCounts(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    restored: int
-    total: int
-    in_progress: int
-    completed: int
-    failed: int
-
-
-class CheckpointStatistics(BaseModel):
-    """One checkpoint or savepoint of the history (Flink's CheckpointStatistics)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    className: str
-    id: int
-    status: Literal["IN_PROGRESS", "COMPLETED", "FAILED"]
-    is_savepoint: bool
-    trigger_timestamp: int
-    latest_ack_timestamp: int
-    state_size: int
-    end_to_end_duration: int
-    num_subtasks: int
-    num_acknowledged_subtasks: int
-    checkpoint_type: str
-
-
-class LatestCheckpoints(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    completed: CheckpointStatistics | None
-    savepoint: CheckpointStatistics | None
-    failed: CheckpointStatistics | None
-    restored: dict[str, Any] | None
-
-
-class CheckpointingStatistics(BaseModel):
-    """``GET /jobs/{jobid}/checkpoints`` (Flink's CheckpointingStatistics)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    counts: CheckpointCounts
-    summary: dict[str, dict[str, float]]
-    latest: LatestCheckpoints
-    history: list[CheckpointStatistics]
-
-
-class SubtaskCheckpointStatistics(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    index: int
-    subtask_id: str
-    status: Literal["completed", "pending_or_failed"]
-
-
-class CheckpointDetails(CheckpointStatistics):
-    """One checkpoint of the history with a record per subtask."""
-
-    subtasks: list[SubtaskCheckpointStatistics]
-
-
-class TriggerId(BaseModel):
-    """A triggered checkpoint, savepoint or stop: poll its status with the id."""
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-
-    request_id: str = Field(alias="request-id")
-
-
-class QueueStatus(BaseModel):
-    id: Literal["IN_PROGRESS", "COMPLETED"]
-
-
-class TriggerStatus(BaseModel):
-    """An asynchronous operation's status (Flink's AsynchronousOperationResult): ``operation``
-    is there once it COMPLETED, with the checkpoint id, the savepoint location or the failure."""
-
-    model_config = ConfigDict(extra="allow")
-
-    status: QueueStatus
-    operation: dict[str, Any] | None = None
-
-
-class SavepointEntry(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    id: int
-    location: str
-    trigger_timestamp: int | None
-
-
-class SavepointList(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    savepoints: list[SavepointEntry]
-
-
-Responses = dict[int | str, dict[str, Any]]
-
-
-def answers(model: type[BaseModel], *errors: Responses) -> Responses:
-    """The ``responses`` of an operation: 200 with ``model``, then the errors it can answer."""
-    declared: Responses = {200: {"model": model, "description": model.__doc__ or "OK"}}
-    for more in errors:
-        declared.update(more)
-    return declared
-
-
-def _error(status: int, description: str) -> Responses:
-    return {status: {"model": Errors, "description": description}}
-
-
-BAD_REQUEST = _error(400, "The request is malformed: a body, parameter or value is invalid.")
-NO_JOB = _error(404, "No coordinator instance owns the job.")
-NOT_FOUND = _error(404, "The job, or what the request names in it, is not known.")
-NO_SAVEPOINTS = _error(404, "The job has no savepoint and is not known to this instance.")
-CONFLICT = _error(409, "Another configuration update of the job is in progress; retry.")
-UNAVAILABLE = _error(503, "The change was not persisted (nothing changed) or the job moved.")
-ELSEWHERE: Responses = {
-    307: {
-        "description": "Another coordinator instance owns the job: the same request (method and "
-        "body kept) at the owner, named by Location.",
-        "headers": {
-            "Location": {
-                "description": "The same request at the owning instance.",
-                "schema": {"type": "string"},
-            }
-        },
-    }
-}
-
-
-def without_422(schema: dict[str, Any]) -> dict[str, Any]:
-    """Drops the 422 FastAPI documents for operations with parameters or a body: a request
-    that fails validation is answered 400 in Flink's error shape (see ``invalid``)."""
-    for operations in schema.get("paths", {}).values():
-        for operation in operations.values():
-            if isinstance(operation, dict):
-                operation.get("responses", {}).pop("422", None)
-    components = schema.get("components", {}).get("schemas", {})
-    for unused in ("HTTPValidationError", "ValidationError"):
-        components.pop(unused, None)
-    return schema
-
-
-class CoordinatorApp(FastAPI):
-    def openapi(self) -> dict[str, Any]:
-        return without_422(super().openapi())
 
 
 def _encodable(text: str) -> bool:
@@ -359,6 +123,7 @@ METRICS = (
     ("numberOfFailedCheckpoints", "counter", "Failed checkpoints."),
     ("numberOfInProgressCheckpoints", "gauge", "Checkpoints in progress."),
     ("totalNumberOfCheckpoints", "counter", "Checkpoints triggered."),
+    ("numRestarts", "counter", "Restarts of the job by its restart strategy."),
 )
 
 
@@ -380,6 +145,7 @@ def metrics_text(
         values["totalNumberOfCheckpoints"].append(
             (job, stats.completed + stats.failed + stats.in_progress)
         )
+        values["numRestarts"].append((job, job.history.restarts))
     for name, kind, help_text in METRICS:
         metric = f"flink_jobmanager_job_{name}"
         lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}"]
@@ -398,6 +164,17 @@ def metrics_text(
     if not rejected:
         lines.append("sparkpoint_rejected_events_total 0")
     return "\n".join(lines) + "\n"
+
+
+def disposal_outcome(request: TriggerRequest) -> dict[str, Any]:
+    body: dict[str, Any] = {"status": {"id": request.status}}
+    if request.status == "COMPLETED":
+        body["operation"] = (
+            {"failure-cause": {"class": "IOException", "stack-trace": request.failure}}
+            if request.failure
+            else {}
+        )
+    return body
 
 
 def trigger_status(request: TriggerRequest) -> dict[str, Any]:
@@ -492,10 +269,41 @@ def create_app(service: CoordinatorService) -> FastAPI:
     @app.get("/jobs", response_model=None, responses=answers(JobList))
     async def jobs() -> dict[str, Any]:
         listed = [
-            {"id": job.job_id, "name": job.registration.job_name, "status": job.status.name, "parallelism": job.registration.parallelism}
+            {"id": job.job_id, "name": job.registration.job_name, "status": job.status.name,
+             "parallelism": job.registration.parallelism, "restarts": job.history.restarts}
             for job in [*service.jobs.values(), *service.ended.values()]
         ]  # fmt: skip
         return {"jobs": listed}
+
+    @app.get("/jobs/overview", response_model=None, responses=answers(JobsOverview))
+    async def jobs_overview() -> dict[str, Any]:
+        now = service.clock.now_ms()
+        every = [*service.jobs.values(), *service.ended.values()]
+        return {"jobs": [job_views.overview(job, now) for job in every]}
+
+    @app.get(
+        "/jobs/{jobid}",
+        response_model=None,
+        responses=answers(JobDetails, ELSEWHERE, NO_JOB),
+    )
+    async def job_details(jobid: str) -> dict[str, Any]:
+        return job_views.details(known(jobid), service.clock.now_ms())
+
+    @app.get(
+        "/jobs/{jobid}/exceptions",
+        response_model=None,
+        responses=answers(JobExceptions, ELSEWHERE, NO_JOB),
+    )
+    async def job_exceptions(jobid: str) -> dict[str, Any]:
+        return job_views.exceptions(known(jobid))
+
+    @app.get(
+        "/jobs/{jobid}/config",
+        response_model=None,
+        responses=answers(JobConfig, ELSEWHERE, NO_JOB),
+    )
+    async def job_config(jobid: str) -> dict[str, Any]:
+        return job_views.config(known(jobid))
 
     @app.get(
         "/jobs/{jobid}/checkpoints/config",
@@ -609,7 +417,13 @@ def create_app(service: CoordinatorService) -> FastAPI:
         if problem is not None:
             return problem
         try:
-            request = service.trigger(jobid, True, body.target_directory, terminate=body.cancel_job)
+            request = service.trigger(
+                jobid,
+                True,
+                body.target_directory,
+                terminate=body.cancel_job,
+                format_type=SavepointFormat[body.formatType],
+            )
         except PathOutsideRoots as exc:
             return error(400, f"target-directory: {exc}")
         return {"request-id": request.request_id}
@@ -623,41 +437,78 @@ def create_app(service: CoordinatorService) -> FastAPI:
         request = service.requests.get(triggerid)
         if request is None and jobid not in service.jobs:
             raise NotHere(jobid)
-        if request is None or request.job_id != jobid or not request.savepoint:
+        if request is None or request.job_id != jobid or not request.savepoint or request.disposal:
             raise HTTPException(404, f"No savepoint request {triggerid} for job {jobid}")
         return trigger_status(request)
 
     @app.get(
         "/jobs/{jobid}/savepoints",
         response_model=None,
-        responses=answers(SavepointList, NO_SAVEPOINTS),
+        responses=answers(SavepointList, ELSEWHERE, NO_SAVEPOINTS),
     )
     async def savepoints(jobid: str) -> dict[str, Any]:
+        job = service.jobs.get(jobid) or service.ended.get(jobid)
+        if job is None and service.owner_url(jobid) is not None:
+            raise NotHere(jobid)  # the owner has the job's record of its savepoints
+        found = await service.savepoints_of(job) if job is not None else []
+        listed = {s["location"] for s in found}
+        # savepoints from before the job's record listed them: by name in the default directory
         root = service.settings.defaults.savepoint_dir
-        found = []
         for directory in await asyncio.to_thread(service.storage.list_dirs, root):
             name = PurePosixPath(directory).name
-            if not name.startswith(f"savepoint-{jobid[:6]}-"):
+            if directory in listed or not name.startswith(f"savepoint-{jobid[:6]}-"):
                 continue
             try:
-                metadata = json.loads(
-                    await asyncio.to_thread(service.storage.read, f"{directory}/_metadata")
-                )
-            except (OSError, ValueError):
-                continue  # not complete: a directory without _metadata is not a savepoint
-            if not isinstance(metadata, dict) or not isinstance(metadata.get("checkpoint_id"), int):
-                continue  # not one this coordinator wrote: no savepoint to list
-            if metadata.get("job_id") == jobid:
+                data = await asyncio.to_thread(service.storage.read, f"{directory}/_metadata")
+                metadata = SnapshotMetadata.from_json(data, directory)
+            except (OSError, BadMetadata):
+                continue  # not complete, or not one a coordinator wrote
+            if metadata.job_id == jobid:
                 found.append(
                     {
-                        "id": metadata["checkpoint_id"],
-                        "location": directory,
-                        "trigger_timestamp": metadata.get("trigger_timestamp"),
+                        "id": metadata.checkpoint_id, "location": directory,
+                        "trigger_timestamp": metadata.trigger_ms, "status": "COMPLETED",
+                        "state_size": metadata.state_size, "format_type": metadata.format_type.name,
+                        "exists": True,
                     }
-                )
-        if not found and jobid not in service.jobs and jobid not in service.ended:
+                )  # fmt: skip
+        if not found and job is None:
             raise HTTPException(404, f"Job {jobid} not found")
         return {"savepoints": sorted(found, key=lambda s: s["id"])}
+
+    @app.post(
+        "/savepoint-disposal",
+        response_model=None,
+        responses=answers(TriggerId, ELSEWHERE, BAD_REQUEST),
+    )
+    async def dispose_savepoint(body: Annotated[DisposalRequest, Body()]) -> Any:
+        """Flink's savepoint disposal: deletes a completed savepoint; refuses (400, nothing
+        deleted) a path outside the storage roots, one that is not a completed savepoint, or a
+        snapshot a job restores from."""
+        path = body.savepoint_path
+        if "\x00" in path or not _encodable(path) or len(path) > MAX_TEXT or not path.strip():
+            return error(400, "savepoint-path: not a usable path")
+        try:
+            request = await service.dispose_savepoint(path)
+        except PathOutsideRoots as exc:
+            return error(400, f"savepoint-path: {exc}")
+        except DisposalRefused as exc:
+            return error(400, f"savepoint-path: {exc}")
+        except OwnedElsewhere as exc:
+            raise NotHere(exc.job_id) from None
+        # done already: the outcome comes with the trigger id (a client that polls gets it too)
+        return {"request-id": request.request_id, **disposal_outcome(request)}
+
+    @app.get(
+        "/savepoint-disposal/{triggerid}",
+        response_model=None,
+        responses=answers(TriggerStatus, NOT_FOUND),
+    )
+    async def disposal_status(triggerid: str) -> dict[str, Any]:
+        request = service.requests.get(triggerid)
+        if request is None or not request.disposal:
+            raise HTTPException(404, f"No savepoint disposal {triggerid}")
+        return disposal_outcome(request)
 
     @app.post(
         "/jobs/{jobid}/stop",

@@ -23,9 +23,10 @@ A checkpoint's life:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -40,6 +41,8 @@ from services.common.events import (
     JobStatus,
     NotifyCheckpointAborted,
     NotifyCheckpointComplete,
+    SavepointFormat,
+    SavepointRecord,
     SnapshotType,
     TriggerCheckpoint,
 )
@@ -71,6 +74,9 @@ from services.coordinator.store import (
 )
 
 log = logging.getLogger(__name__)
+
+SAVEPOINTS_KEPT = 1000
+"""Savepoints remembered per job id (the newest), for listing and periodic retention."""
 
 RECENT_IDS = 16
 """Recently ended checkpoints remembered (with their directories) to recognise late
@@ -125,7 +131,8 @@ class CheckpointCoordinator:
         self.periodic_savepoints = PeriodicTrigger(
             Timer(self.job.job_id, TimerKind.PERIODIC_SAVEPOINT)
         )
-        self._periodic_savepoints_kept: deque[CompletedCheckpoint] = deque()
+        self.savepoints: list[SavepointRecord] = []
+        """Every savepoint this job id wrote, newest last (at most SAVEPOINTS_KEPT)."""
         self._canceller_timers: dict[int, Timer] = {}
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -159,20 +166,20 @@ class CheckpointCoordinator:
         retained: Sequence[CompletedCheckpoint],
         restored_ms: int | None = None,
         last_completed_id: int | None = None,
+        savepoints: Sequence[SavepointRecord] = (),
     ) -> None:
-        """Failover or restart: the retained checkpoints as they were stored, and the newest id
-        that ever completed. With ``restored_ms``, the latest one is reported as restored in the
-        statistics."""
+        """Failover or restart: the retained checkpoints as they were stored, the newest id that
+        ever completed and every savepoint written. With ``restored_ms``, the latest one is
+        reported as restored in the statistics."""
         self.store.restore(retained)
+        if savepoints:
+            self.savepoints = list(savepoints)
         known = [c.checkpoint_id for c in retained]
         if last_completed_id is not None:
             known.append(last_completed_id)
         if self.last_completed_id is not None:
             known.append(self.last_completed_id)
         self.last_completed_id = max(known, default=None)
-        for checkpoint in retained:
-            if checkpoint.is_savepoint and checkpoint.periodic:
-                self._periodic_savepoints_kept.append(checkpoint)
         latest = self.store.latest()
         if latest is not None:
             self.counter.set_count(latest.checkpoint_id + 1)
@@ -230,11 +237,12 @@ class CheckpointCoordinator:
         request_id: str | None = None,
         target_directory: str | None = None,
         terminate: bool = False,
+        format_type: SavepointFormat = SavepointFormat.CANONICAL,
     ) -> list[Command]:
         """A manual savepoint; ``terminate`` for stop-with-savepoint."""
         snapshot_type = SnapshotType.SAVEPOINT_TERMINATE if terminate else SnapshotType.SAVEPOINT
         request = CheckpointRequest(
-            snapshot_type, False, now_ms, request_id, True, target_directory
+            snapshot_type, False, now_ms, request_id, True, target_directory, format_type
         )
         return self._submit(request, now_ms)
 
@@ -348,6 +356,7 @@ class CheckpointCoordinator:
                     unaligned,
                     location,
                     aligned_timeout,
+                    request.format_type,
                     agent_id=self._agent_id,
                     attempt=self.job.attempt,
                 )
@@ -416,6 +425,7 @@ class CheckpointCoordinator:
                 pending.trigger_ms,
                 pending.target_location,
                 tuple(pending.acknowledgements.values()),
+                pending.request.format_type,
             )
         )
         return commands
@@ -519,8 +529,8 @@ class CheckpointCoordinator:
                 )
             )  # fmt: skip
         commands.extend(DiscardState(job_id, d) for d in discards)
-        if completed.is_savepoint and completed.periodic:
-            self._retain_periodic_savepoint(completed, commands)
+        if completed.is_savepoint:
+            self._record_savepoint(completed, request, commands)
         commands.append(Publish(self.store_record(now_ms)))
         if not completed.is_savepoint:
             for older in sorted(p for p in self.pending if p < checkpoint_id):
@@ -541,14 +551,56 @@ class CheckpointCoordinator:
         self._abort(pending, Reason.FINALIZE_CHECKPOINT_FAILURE, now_ms, message, commands)
         return commands
 
-    def _retain_periodic_savepoint(
-        self, savepoint: CompletedCheckpoint, commands: list[Command]
+    def _record_savepoint(
+        self, savepoint: CompletedCheckpoint, request: CheckpointRequest, commands: list[Command]
     ) -> None:
-        """Periodic savepoints are bounded in number (FLIP-10); manual ones are never deleted."""
-        kept = self._periodic_savepoints_kept
-        kept.append(savepoint)
-        while len(kept) > self.config.periodic_savepoint_num_retained:
-            commands.append(DiscardState(self.job.job_id, self.store.remove(kept.popleft())))
+        """Every savepoint is remembered (listed after failover and after the job ended);
+        periodic ones are bounded in number across the job's runs (FLIP-10), manual ones and
+        stop-with-savepoint ones are never deleted but by a disposal."""
+        kind = (
+            "stop"
+            if savepoint.snapshot_type is not SnapshotType.SAVEPOINT
+            else "periodic"
+            if savepoint.periodic
+            else "manual"
+        )
+        self.savepoints.append(
+            SavepointRecord(
+                savepoint.checkpoint_id, savepoint.external_path, savepoint.trigger_ms,
+                savepoint.completed_ms, savepoint.state_size_bytes, request.format_type.name, kind,
+            )
+        )  # fmt: skip
+        del self.savepoints[:-SAVEPOINTS_KEPT]
+        periodic = [s for s in self.savepoints if s.kind == "periodic" and not s.disposed]
+        for old in periodic[: max(0, len(periodic) - self.config.periodic_savepoint_num_retained)]:
+            commands.extend(self.dispose_savepoint(old.external_path, "periodic retention"))
+
+    def dispose_savepoint(self, path: str, reason: str) -> list[Command]:
+        """Deletes a savepoint of this job: marked disposed, dropped from the retained
+        checkpoints if there, its directory discarded (a savepoint holds only its own files)."""
+        commands: list[Command] = []
+        for i, saved in enumerate(self.savepoints):
+            if saved.external_path == path and not saved.disposed:
+                self.savepoints[i] = dataclasses.replace(saved, disposed=True)
+        retained = next(
+            (c for c in self.store.checkpoints if c.external_path == path and c.is_savepoint),
+            None,
+        )
+        if retained is not None:
+            self.store.remove(retained)
+            self.stats.on_discarded(retained.checkpoint_id)
+        checkpoint_id = next(
+            (s.checkpoint_id for s in self.savepoints if s.external_path == path), 0
+        )
+        commands.append(DiscardState(self.job.job_id, Discard(checkpoint_id, (), path, reason)))
+        return commands
+
+    def in_use(self, path: str) -> CompletedCheckpoint | None:
+        """The retained checkpoint (not savepoint) at ``path``: the job restores from it."""
+        return next(
+            (c for c in self.store.checkpoints if c.external_path == path and not c.is_savepoint),
+            None,
+        )
 
     # --- abort ----------------------------------------------------------------------------------------
 
@@ -753,6 +805,7 @@ class CheckpointCoordinator:
             last_completed_checkpoint_id=self.last_completed_id,
             job_status=self.status.name,
             externalized_retention=self.config.externalized_retention.name,
+            savepoints=list(self.savepoints),
         )
 
     @property

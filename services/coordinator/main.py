@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import socket
@@ -12,6 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from services.common.settings import CheckpointConfig
+from services.common.storage import absolute
 from services.coordinator.api import create_app
 from services.coordinator.service import CoordinatorService, ServiceSettings
 
@@ -84,14 +86,19 @@ def run(
     config_file: Path | None,
     advertised: str | None = None,
 ) -> None:
+    defaults = load_defaults(config_file)
+    defaults = dataclasses.replace(
+        defaults,
+        checkpoint_dir=absolute(defaults.checkpoint_dir),
+        savepoint_dir=absolute(defaults.savepoint_dir),
+    )
     settings = ServiceSettings(
-        bootstrap,
-        load_defaults(config_file),
-        rest_url=advertised_url(rest_host, rest_port, advertised),
+        bootstrap, defaults, rest_url=advertised_url(rest_host, rest_port, advertised)
     )
     print(
         f"coordinator {settings.instance_id}: REST at http://{rest_host}:{rest_port} "
-        f"(advertised {settings.rest_url}), Kafka at {bootstrap}",
+        f"(advertised {settings.rest_url}), Kafka at {bootstrap}; storage roots "
+        f"{defaults.checkpoint_dir} and {defaults.savepoint_dir}",
         flush=True,
     )
     asyncio.run(serve(CoordinatorService(settings), rest_host, rest_port))

@@ -28,13 +28,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import posixpath
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -64,6 +63,7 @@ from services.common.events import (
     JobStatusChanged,
     NotifyCheckpointAborted,
     RegistrationResponse,
+    SavepointFormat,
     SnapshotType,
     TriggerCheckpoint,
 )
@@ -79,8 +79,9 @@ from services.common.kafka import (
     replay_topic,
     true_end_offset,
 )
-from services.common.limits import job_id_problem
-from services.common.settings import REST_FIELDS, CheckpointConfig, ConfigError
+from services.common.limits import LEASE_TIMEOUT_MS, job_id_problem
+from services.common.metadata import BadMetadata, SnapshotMetadata
+from services.common.settings import REST_FIELDS, CheckpointConfig, ConfigError, RecoveryConfig
 from services.common.storage import CHECKPOINT_DIR, PathOutsideRoots, Storage
 from services.common.topics import (
     ACKS,
@@ -113,8 +114,8 @@ from services.coordinator.commands import (
 )
 from services.coordinator.coordinator import CheckpointCoordinator, JobInfo
 from services.coordinator.pending import AckResult
-from services.coordinator.store import CompletedCheckpoint, InMemoryCheckpointIdCounter
-from services.coordinator.writer import NotOwner, PartitionWriter, Tombstone
+from services.coordinator.store import CompletedCheckpoint, Discard, InMemoryCheckpointIdCounter
+from services.coordinator.writer import NotOwner, OutcomeUnknown, PartitionWriter, Tombstone
 from services.overrides.store import OverrideStore
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,18 @@ class UnknownJob(KeyError):
     """No job with that id is owned by this instance (404)."""
 
 
+class DisposalRefused(ValueError):
+    """A path that may not be disposed: not a savepoint, or a checkpoint a job restores from."""
+
+
+class OwnedElsewhere(Exception):
+    """The savepoint's job is owned by another instance: the request goes there."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
+
+
 @dataclass
 class TriggerRequest:
     """A REST-triggered checkpoint or savepoint, answered through its request id."""
@@ -145,6 +158,8 @@ class TriggerRequest:
     checkpoint_id: int | None = None
     location: str | None = None
     failure: str | None = None
+    disposal: bool = False
+    """A savepoint disposal (``/savepoint-disposal``), not a trigger."""
 
 
 @dataclass
@@ -159,6 +174,7 @@ class OwnedJob:
     last_failover: FailoverRequest | None = None
     last_seen_ms: int = 0
     """When this coordinator last heard from the job's agent (its own clock)."""
+    history: JobHistory = field(default_factory=lambda: JobHistory())
 
     @property
     def job_id(self) -> str:
@@ -168,18 +184,60 @@ class OwnedJob:
         return Holder(self.registration.agent_id, self.registration.attempt, self.last_seen_ms)
 
 
+EXCEPTION_HISTORY = 16
+"""Failures kept per job for ``GET /jobs/{id}/exceptions`` (Flink's web.exception-history-size)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One entry of a job's exception history."""
+
+    exception_name: str
+    stacktrace: str
+    timestamp: int
+    message: str | None
+    restarting: bool
+
+
+@dataclass
+class JobHistory:
+    """What a job keeps across restarts of its agent (Flink keeps it across task restarts): when
+    it started, each status's first time, how often it restarted, its recent failures."""
+
+    started_ms: int = 0
+    status_times: dict[str, int] = field(default_factory=dict)
+    restarts: int = 0
+    failures: deque[Failure] = field(default_factory=lambda: deque(maxlen=EXCEPTION_HISTORY))
+
+    def record(self, status: JobStatus, at_ms: int) -> None:
+        self.status_times.setdefault(status.name, at_ms)
+
+    def failed(self, event: JobStatusChanged) -> None:
+        if event.exception_name is None:
+            return
+        self.failures.append(
+            Failure(
+                event.exception_name,
+                event.stacktrace or "",
+                event.timestamp,
+                event.message,
+                event.status is JobStatus.RESTARTING,
+            )
+        )
+
+
 @dataclass
 class ReplayedPartition:
     """A partition of the jobs topic being read from the start after its assignment, up to the
     end offset taken then: each job's well-keyed registrations and status changes, in order."""
 
     end: int
-    jobs: dict[str, list[JobRegistered | JobStatusChanged]] = field(default_factory=dict)
+    jobs: dict[str, list[Received]] = field(default_factory=dict)
 
     def add(self, record: Received) -> None:
         event = record.event
         if isinstance(event, JobRegistered | JobStatusChanged) and event.job_id == record.key:
-            self.jobs.setdefault(event.job_id, []).append(event)
+            self.jobs.setdefault(event.job_id, []).append(record)
 
 
 # --- the service ------------------------------------------------------------------------------------
@@ -522,17 +580,23 @@ class CoordinatorService:
 
     def _finish_replay(self, partition: int) -> None:
         """The partition's history is read: take over its jobs as the previous owner left them
-        (`adopt`), running or ended, and answer their agents again."""
+        (`adopt`), running or ended, and answer their agents again. Registrations that came
+        after the adopted one were never answered (the previous owner was gone): the adopted
+        agent's own are judged now; another agent's once the adopted agent's lease, which
+        starts at the takeover, has had time to run out, or to be renewed by its heartbeats."""
         replay = self._replaying.pop(partition, None)
         if replay is None:
             return
         roots = ", ".join(self.settings.roots())
         for job_id, records in replay.jobs.items():
+            kept = [
+                r
+                for r in records
+                if not isinstance(r.event, JobRegistered)
+                or registration_problem(r.event, job_id, self._in_roots, roots) is None
+            ]
             history = [
-                e
-                for e in records
-                if not isinstance(e, JobRegistered)
-                or registration_problem(e, job_id, self._in_roots, roots) is None
+                r.event for r in kept if isinstance(r.event, JobRegistered | JobStatusChanged)
             ]
             adoption = adopt(history, self.durable.get(job_id))
             if adoption is None:
@@ -542,7 +606,25 @@ class CoordinatorService:
                 self._end_job(job_id, adoption.status)
             elif job is not None:
                 self._respond(job.job_id, partition, adoption.registration, ACCEPT)
+            adopted_at = max(i for i, e in enumerate(history) if e is adoption.registration)
+            for record in kept[adopted_at + 1 :]:
+                event = record.event
+                if not isinstance(event, JobRegistered):
+                    continue
+                same_agent = event.agent_id == adoption.registration.agent_id
+                if same_agent or job_id not in self.jobs:
+                    self._on_registration(record, event)
+                else:
+                    self._judge_later(record)
         log.info("partition %d replayed: %d jobs", partition, len(replay.jobs))
+
+    def _judge_later(self, record: Received) -> None:
+        assert self._loop is not None
+        self._loop.call_later(
+            LEASE_TIMEOUT_MS / 1000,
+            self._post,
+            lambda: self._on_job_record(record) if record.partition in self.writers else None,
+        )
 
     def _well_formed(self, record: Received, registration: JobRegistered) -> bool:
         problem = registration_problem(
@@ -616,6 +698,8 @@ class CoordinatorService:
             InMemoryCheckpointIdCounter(),
             owner_epoch=self.epochs.get(partition, 1),
         )
+        if previous is not None:  # a restart: the job's statistics go on
+            core.stats = previous.core.stats
         now = self.clock.now_ms()
         durable = self.durable.get(job_id)
         ended = self.ended.get(job_id)
@@ -623,15 +707,20 @@ class CoordinatorService:
         core.counter.set_count(self._next_id(registration, config, durable, previous, ended))
         if previous is not None:  # what this instance knows is newer than any store record
             core.restore(
-                previous.core.store.checkpoints, last_completed_id=previous.core.last_completed_id
+                previous.core.store.checkpoints,
+                last_completed_id=previous.core.last_completed_id,
+                savepoints=previous.core.savepoints,
             )
         elif durable is not None:
             core.restore(
                 [CompletedCheckpoint.from_record(r) for r in durable.retained],
                 last_completed_id=durable.last_completed_checkpoint_id,
+                savepoints=durable.savepoints,
             )
             if adopted and durable.job_status in (None, JobStatus.RUNNING.name):
                 left_pending = self._left_pending(job_id, durable, core.owner_epoch, now)
+        if previous is None and registration.restored_external_path is not None:
+            self._claim(core, registration, config)
         if registration.restored_checkpoint_id is not None:
             core.stats.on_restored(
                 registration.restored_checkpoint_id,
@@ -639,7 +728,13 @@ class CoordinatorService:
                 False,
                 registration.restored_external_path or "",
             )
-        job = OwnedJob(registration, partition, base, core, overrides, last_seen_ms=now)
+        history = (
+            previous.history if previous else JobHistory(started_ms=registration.timestamp or now)
+        )
+        history.record(JobStatus.RUNNING, now)
+        job = OwnedJob(
+            registration, partition, base, core, overrides, last_seen_ms=now, history=history
+        )
         self.jobs[job_id] = job
         self.ended.pop(job_id, None)
         log.info(
@@ -652,6 +747,39 @@ class CoordinatorService:
         self._publish(job, [*left_pending, core.store_record(now), *answer])
         self._execute(job, core.start(now))
         return job
+
+    def _claim(
+        self, core: CheckpointCoordinator, registration: JobRegistered, config: CheckpointConfig
+    ) -> None:
+        """CLAIM mode (``execution.state-recovery.claim-mode``): the snapshot the job restored
+        becomes a retained checkpoint of the job, which retention subsumes and deletes like any
+        other. NO_CLAIM (the default): never touched (the agent's first checkpoint is full)."""
+        path = registration.restored_external_path
+        if (
+            path is None
+            or RecoveryConfig.from_options(registration.configuration).claim_mode != "CLAIM"
+        ):
+            return
+        held = next((c for c in core.store.checkpoints if c.external_path == path), None)
+        if held is not None and not held.is_savepoint:
+            return  # already a checkpoint of the job's own
+        if held is not None:  # a savepoint it keeps: from now on a checkpoint retention deletes
+            core.store.remove(held)  # (its files are claimed below, not discarded)
+        try:
+            data = self.storage.read(f"{path}/_metadata")
+            metadata = SnapshotMetadata.from_json(data, path)
+        except (OSError, BadMetadata, PathOutsideRoots) as exc:
+            log.error("job %s: cannot claim %s: %s", registration.job_id, path, exc)
+            return
+        now = self.clock.now_ms()
+        claimed = CompletedCheckpoint(
+            metadata.checkpoint_id, SnapshotType.CHECKPOINT, False, metadata.trigger_ms, now,
+            path, metadata.state_size, tuple(metadata.files()),
+        )  # fmt: skip
+        core.restore([claimed])
+        log.info(
+            "job %s claimed %s (checkpoint %d)", registration.job_id, path, claimed.checkpoint_id
+        )
 
     def _next_id(
         self,
@@ -755,8 +883,19 @@ class CoordinatorService:
                 self._reject(record, "status", problem)
             return
         assert job is not None
-        job.last_seen_ms = self.clock.now_ms()
-        if event.status.is_terminal:
+        now = self.clock.now_ms()
+        job.last_seen_ms = now
+        if event.exception_name is not None or event.status is JobStatus.RESTARTING:
+            job.history.failed(event)
+            self._publish(job, [event])  # the audit topic keeps the job's failures
+        if event.status is JobStatus.RESTARTING:
+            # Flink stops checkpointing while a job restarts; the agent's next registration
+            # (the next attempt) brings a fresh coordinator with the same stores and history
+            job.status = JobStatus.RESTARTING
+            job.history.restarts += 1
+            job.history.record(JobStatus.RESTARTING, now)
+            self._execute(job, job.core.suspend(now))
+        elif event.status.is_terminal:
             self._end_job(event.job_id, event.status)
         elif event.end_of_input:
             # FLIP-147: bounded input ended; the final checkpoint goes now, not at the next tick
@@ -814,6 +953,7 @@ class CoordinatorService:
         self._execute(job, commands)
         if status is not None:
             job.status = status
+            job.history.record(status, self.clock.now_ms())
             self.ended[job_id] = job
             # what retention kept, and no overrides any more
             self._publish(
@@ -972,27 +1112,11 @@ class CoordinatorService:
         return done
 
     async def _finalize(self, job: OwnedJob, command: FinalizeCheckpoint) -> None:
-        metadata = json.dumps(
-            {
-                "job_id": command.job_id,
-                "checkpoint_id": command.checkpoint_id,
-                "snapshot_type": command.snapshot_type.name,
-                "trigger_timestamp": command.trigger_ms,
-                "subtasks": [
-                    {
-                        "subtask_id": ack.subtask_id,
-                        "state_size": ack.state_size_bytes,
-                        "state_handles": [
-                            {"path": h.path, "kind": h.kind.name, "size": h.size_bytes, "shared": h.shared,
-                             "key_groups": [h.key_group_start, h.key_group_end]}
-                            for h in ack.state_handles
-                        ],
-                    }
-                    for ack in command.acknowledgements
-                ],
-            },
-            indent=1,
-        ).encode()  # fmt: skip
+        metadata = SnapshotMetadata.from_acknowledgements(
+            command.job_id, command.checkpoint_id, command.snapshot_type, command.trigger_ms,
+            command.acknowledgements, job.registration.parallelism,
+            job.registration.max_parallelism, command.format_type,
+        ).to_json(command.external_path)  # fmt: skip
         path = f"{command.external_path}/_metadata"
         try:
             await asyncio.to_thread(self.storage.write_atomic, path, metadata)
@@ -1050,6 +1174,89 @@ class CoordinatorService:
             raise UnknownJob(job_id)
         return job
 
+    async def dispose_savepoint(self, path: str) -> TriggerRequest:
+        """``POST /savepoint-disposal``: checks that ``path`` is a completed savepoint inside the
+        storage roots that no job restores from (`DisposalRefused` otherwise, nothing deleted),
+        then deletes it. A savepoint of a job owned by another instance is that instance's to
+        dispose (`OwnedElsewhere`), so the job's record of its savepoints stays right."""
+        self.storage.check(path)  # PathOutsideRoots: refused
+        directory = path.removesuffix("/_metadata").rstrip("/")
+        try:
+            data = await asyncio.to_thread(self.storage.read, f"{directory}/_metadata")
+            metadata = SnapshotMetadata.from_json(data, directory)
+        except FileNotFoundError:
+            raise DisposalRefused(
+                f"{directory} has no _metadata: not a completed savepoint"
+            ) from None
+        except BadMetadata as exc:
+            raise DisposalRefused(str(exc)) from None
+        if not metadata.is_savepoint:
+            raise DisposalRefused(
+                f"{directory} is checkpoint {metadata.checkpoint_id} of job {metadata.job_id}, not a "
+                "savepoint: retention deletes checkpoints"
+            )
+        owner = self.owner_url(metadata.job_id)
+        if owner is not None:
+            raise OwnedElsewhere(metadata.job_id)
+        job = self.jobs.get(metadata.job_id) or self.ended.get(metadata.job_id)
+        for candidate in (*self.jobs.values(), *self.ended.values()):
+            held = candidate.core.in_use(directory)
+            if held is not None:
+                raise DisposalRefused(
+                    f"{directory} is retained checkpoint {held.checkpoint_id} of job "
+                    f"{candidate.job_id} (it claimed the savepoint): that job may restore from it"
+                )
+        request = TriggerRequest(
+            uuid.uuid4().hex, metadata.job_id, True, location=directory, disposal=True
+        )
+        self.requests[request.request_id] = request
+        if job is not None:
+            commands = job.core.dispose_savepoint(directory, "disposed on request")
+            self._publish(job, [job.core.store_record(self.clock.now_ms())])
+            discards = [c for c in commands if isinstance(c, DiscardState)]
+        else:
+            discards = [
+                DiscardState(
+                    metadata.job_id, Discard(metadata.checkpoint_id, (), directory, "disposed")
+                )
+            ]
+        try:
+            for discard in discards:
+                await asyncio.to_thread(
+                    self.storage.delete, discard.discard.files, discard.discard.directory
+                )
+            request.status = "COMPLETED"
+        except Exception as exc:
+            request.status, request.failure = "COMPLETED", f"deleting {directory} failed: {exc}"
+        log.info("savepoint %s of job %s disposed", directory, metadata.job_id)
+        return request
+
+    async def savepoints_of(self, job: OwnedJob) -> list[dict[str, Any]]:
+        """Every savepoint the job wrote, wherever, as its record says, and whether it is still
+        on storage."""
+        listed = []
+        for saved in job.core.savepoints:
+            try:
+                exists = await asyncio.to_thread(
+                    self.storage.exists, f"{saved.external_path}/_metadata"
+                )
+            except PathOutsideRoots:
+                exists = False
+            listed.append(
+                {
+                    "id": saved.checkpoint_id,
+                    "location": saved.external_path,
+                    "trigger_timestamp": saved.trigger_timestamp,
+                    "completed_timestamp": saved.completed_timestamp,
+                    "status": "DISPOSED" if saved.disposed else "COMPLETED",
+                    "state_size": saved.state_size_bytes,
+                    "format_type": saved.format_type,
+                    "kind": saved.kind,
+                    "exists": exists,
+                }
+            )
+        return listed
+
     def trigger(
         self,
         job_id: str,
@@ -1057,6 +1264,7 @@ class CoordinatorService:
         target_directory: str | None = None,
         terminate: bool = False,
         full: bool = False,
+        format_type: SavepointFormat = SavepointFormat.CANONICAL,
     ) -> TriggerRequest:
         job = self.job(job_id)
         if target_directory is not None:
@@ -1066,7 +1274,7 @@ class CoordinatorService:
         now = self.clock.now_ms()
         if savepoint:
             commands = job.core.trigger_savepoint(
-                now, request.request_id, target_directory, terminate
+                now, request.request_id, target_directory, terminate, format_type
             )
         else:
             commands = job.core.trigger_checkpoint(now, request.request_id, full=full)
@@ -1076,7 +1284,10 @@ class CoordinatorService:
     async def update_configuration(
         self, job_id: str, changes: CheckpointSettings, principal: str, request_id: str
     ) -> CheckpointConfig:
-        """FLIP-571: validate, persist (acknowledged), apply, then publish the change event."""
+        """FLIP-571: validate, persist (acknowledged), apply. The override and its change event
+        are one transaction: durable together or not at all. A change answered with an error
+        never takes effect later: when the outcome of the write is unknown, the previous
+        overrides are written again above it before the error goes out."""
         job = self.job(job_id)
         if job.updating:
             raise UpdateInProgress(job_id)
@@ -1084,36 +1295,52 @@ class CoordinatorService:
         try:
             current = job.core.config
             new_config = current.with_overrides(changes)  # raises ConfigError: 400
-            merged = _merge(
-                job.overrides.overrides if job.overrides else CheckpointSettings(), changes
-            )
-            version = (job.overrides.version if job.overrides else 0) + 1
-            record = CheckpointOverrides(job_id, version, merged, request_id, self.clock.now_ms())
-            await asyncio.wrap_future(self._publish(job, [record]))  # persisted before it applies
-            live = self.jobs.get(job_id)
-            if live is None:
-                raise NotOwner(job_id)  # persisted: the next owner applies it on takeover
-            if live is not job:  # the job restarted meanwhile: apply to its new coordinator
-                current, new_config = live.core.config, live.core.config.with_overrides(changes)
-                job = live
-            job.overrides = record
+            previous = job.overrides
+            merged = _merge(previous.overrides if previous else CheckpointSettings(), changes)
+            version = (previous.version if previous else 0) + 1
             now = self.clock.now_ms()
-            self._execute(job, job.core.apply_config(new_config, now))
+            record = CheckpointOverrides(job_id, version, merged, request_id, now)
             changed = [name for name, value in _rest_fields(changes).items() if value is not None]
             change = ConfigChange(
-                job_id,
-                request_id,
-                principal,
-                now,
-                current.settings(),
-                new_config.settings(),
-                changed,
-                version,
-            )
-            self._publish(job, [change])
+                job_id, request_id, principal, now, current.settings(), new_config.settings(),
+                changed, version,
+            )  # fmt: skip
+            try:
+                await asyncio.wrap_future(self._publish(job, [record, change]))
+            except OutcomeUnknown:
+                await self._take_back(job, previous, version)
+                raise
+            live = self.jobs.get(job_id)
+            if live is None:
+                return new_config  # durable: the job's next owner applies it on takeover
+            if live is not job:  # the job restarted meanwhile: apply to its new coordinator
+                new_config = live.core.config.with_overrides(changes)
+                job = live
+            job.overrides = record
+            self._execute(job, job.core.apply_config(new_config, self.clock.now_ms()))
             return new_config
         finally:
             job.updating = False
+
+    async def _take_back(
+        self, job: OwnedJob, previous: CheckpointOverrides | None, version: int
+    ) -> None:
+        """The write of override ``version`` may have gone through: the previous overrides are
+        written as ``version + 1``, so whichever owner replays the topic applies those."""
+        restored = CheckpointOverrides(
+            job.job_id, version + 1, previous.overrides if previous else CheckpointSettings(),
+            f"revert-{version}", self.clock.now_ms(),
+        )  # fmt: skip
+        try:
+            await asyncio.wrap_future(self._publish(job, [restored]))
+        except Exception as exc:
+            log.error(
+                "job %s: override %d may be durable and could not be taken back (%s); "
+                "check GET .../checkpoints/config after the next takeover",
+                job.job_id, version, exc,
+            )  # fmt: skip
+            return
+        job.overrides = restored
 
 
 def _log_failure(job_id: str, done: Future[None]) -> None:

@@ -27,6 +27,7 @@ from services.common.events import (
     Event,
     FailoverRequest,
     JobRegistered,
+    JobStatusChanged,
     NotifyCheckpointAborted,
     NotifyCheckpointComplete,
     RegistrationResponse,
@@ -53,6 +54,7 @@ TOPIC_OF: dict[type, Any] = {
     NotifyCheckpointAborted: CONTROL,
     FailoverRequest: CONTROL,
     JobRegistered: JOBS,
+    JobStatusChanged: CHECKPOINT_EVENTS,
     RegistrationResponse: CONTROL,
     AgentHeartbeat: ACKS,
     CheckpointLifecycleEvent: CHECKPOINT_EVENTS,
@@ -73,6 +75,10 @@ class Tombstone:
     """Delete the job's record on a compacted topic (published with the job's other events)."""
 
     topic: TopicSpec
+
+
+class OutcomeUnknown(RuntimeError):
+    """A commit failed and so did the abort after it: the batch may or may not be durable."""
 
 
 class NotOwner(RuntimeError):
@@ -170,15 +176,14 @@ class PartitionWriter:
                 self.on_fenced(self)
                 failure: Exception = NotOwner(f"fenced on partition {self.partition}")
             else:
-                self._abort()
-                failure = exc
+                failure = exc if self._abort() else OutcomeUnknown(str(exc))
             for _, _, done in batch:
                 done.set_exception(failure)
             return
         except Exception as exc:
-            self._abort()
+            failure = exc if self._abort() else OutcomeUnknown(str(exc))
             for _, _, done in batch:
-                done.set_exception(exc)
+                done.set_exception(failure)
             return
         for _, _, done in batch:
             done.set_result(None)
@@ -201,8 +206,11 @@ class PartitionWriter:
                 )
         producer.commit_transaction(TRANSACTION_TIMEOUT_S)
 
-    def _abort(self) -> None:
+    def _abort(self) -> bool:
+        """Aborts the transaction; false when that failed too (it may have committed)."""
         try:
             self.producer.abort_transaction(TRANSACTION_TIMEOUT_S)
         except KafkaException as exc:
             log.warning("partition %d: abort failed: %s", self.partition, exc)
+            return False
+        return True

@@ -75,6 +75,7 @@ def test_periodic_checkpoints_complete_with_metadata(
         "name": f"scripted {agent.job_id}",
         "status": "RUNNING",
         "parallelism": 2,
+        "restarts": 0,
     } in jobs
 
 
@@ -353,7 +354,9 @@ def test_a_savepoint_completes_and_is_listed_after_the_job_ended(
     agent.stop()
     assert location.startswith(f"{target}/savepoint-{agent.job_id[:6]}-")
     assert (Path(location) / "_metadata").is_file()
-    assert len(listed) == 1  # the default directory's savepoint; `target` is elsewhere
+    # both, wherever they were written: the job's record lists every savepoint it wrote
+    assert next(s["location"] for s in listed) == location and len(listed) == 2
+    assert all(s["exists"] and s["kind"] == "manual" for s in listed)
 
 
 def test_a_finished_job_leaves_a_tombstone_for_its_overrides(

@@ -178,8 +178,8 @@ def test_a_job_another_instance_owns_is_a_documented_307(
     redirecting = []
     for result in api_schema.get_all_operations():
         operation = result.ok()
-        if "307" not in operation.responses.status_codes:
-            continue
+        if "307" not in operation.responses.status_codes or "{jobid}" not in operation.path:
+            continue  # a disposal is redirected by the savepoint's job, read from storage
         params = {name: "1" for name in ("checkpointid", "triggerid") if name in operation.path}
         body = {} if operation.method.upper() == "PATCH" else NOT_SET
         case = operation.Case(path_parameters={"jobid": "elsewhere", **params}, body=body)
@@ -190,7 +190,7 @@ def test_a_job_another_instance_owns_is_a_documented_307(
         sent = urlsplit(response.request.url)
         assert response.headers["location"] == [f"{owner}{sent.path}"], operation.label
         redirecting.append(operation.label)
-    assert len(redirecting) == 9, redirecting
+    assert len(redirecting) == 13, redirecting
 
 
 # --- the declarations themselves ------------------------------------------------------------------
@@ -226,7 +226,7 @@ def test_openapi_lists_each_operations_codes_and_no_422(coordinator: Running) ->
     }
     assert codes("/jobs/{jobid}/checkpoints", "post") == {"200", "307", "400", "404"}
     assert codes("/jobs/{jobid}/savepoints/{triggerid}", "get") == {"200", "307", "404"}
-    assert codes("/jobs/{jobid}/savepoints", "get") == {"200", "404"}
+    assert codes("/jobs/{jobid}/savepoints", "get") == {"200", "307", "404"}
     assert codes("/jobs", "get") == {"200"}
     for path, method in every:
         for code, answer in paths[path][method]["responses"].items():

@@ -67,10 +67,12 @@ class FileSourceReader:
     def finished(self) -> bool:
         return all(self.positions[p] >= e for p, e in self.ends.items())
 
-    def snapshot(self, subtask: int) -> dict[str, dict[str, int]]:
+    def snapshot(
+        self, subtask: int, positions: dict[Partition, int] | None = None
+    ) -> dict[str, dict[str, int]]:
         return {
             name: {str(split): offset}
-            for (name, split), offset in self.positions.items()
+            for (name, split), offset in (positions or self.positions).items()
             if self.owner((name, split)) == subtask
         }
 

@@ -85,10 +85,13 @@ class KafkaSourceReader:
     def finished(self) -> bool:
         return bool(self.ends) and all(self.positions[p] >= e for p, e in self.ends.items())
 
-    def snapshot(self, subtask: int) -> dict[str, dict[str, int]]:
-        """The positions of the partitions ``subtask`` owns, as ``{topic: {partition: offset}}``."""
+    def snapshot(
+        self, subtask: int, positions: dict[Partition, int] | None = None
+    ) -> dict[str, dict[str, int]]:
+        """The positions (``positions``, else where reading stands) of the partitions
+        ``subtask`` owns, as ``{topic: {partition: offset}}``."""
         out: dict[str, dict[str, int]] = {}
-        for partition, offset in self.positions.items():
+        for partition, offset in (positions or self.positions).items():
             if self.owner(partition) == subtask:
                 out.setdefault(partition[0], {})[str(partition[1])] = offset
         return out

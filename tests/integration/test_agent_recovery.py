@@ -1,0 +1,296 @@
+"""Failover and savepoints as a Flink user knows them, on the real broker and real Spark:
+restart strategies (a failing function restarts the job in its agent; a strategy that gives up
+ends it FAILED), the exception history, relocatable savepoints, disposal, claim modes,
+``--restore latest`` after stop-with-savepoint, at-least-once checkpoints, and a configuration
+with every Flink 2.x option."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.agent.example import generate, payments, reference_output
+from services.agent.runtime import Agent
+from services.common.events import JobStatus
+from tests import agent_jobs
+from tests.agent_jobs import AlwaysFailing, FailingOnce, build
+from tests.conftest import KafkaUnderTest
+from tests.integration.test_agent import (
+    Output,
+    difference,
+    in_process,
+    read_output,
+    run_in_process,
+    unique,
+)
+from tests.running_coordinator import Running, coordinator_in_thread, wait
+
+pytestmark = pytest.mark.spark
+
+RECORDS = 4_000
+ROOT = Path(__file__).resolve().parents[2]
+FAST_RESTARTS = {
+    "restart-strategy.type": "exponential-delay",
+    "restart-strategy.exponential-delay.initial-backoff": "200ms",
+    "restart-strategy.exponential-delay.max-backoff": "1s",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def functions_travel_by_value() -> None:
+    """The failing functions live in a test module Spark's workers cannot import."""
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[agent_jobs.__name__])  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture(scope="module")
+def coordinator(
+    kafka: KafkaUnderTest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Running]:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPARKPOINT_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:10]}.")
+        yield from coordinator_in_thread(kafka, tmp_path_factory.mktemp("recovery"))
+
+
+@pytest.fixture(scope="module")
+def topic(kafka: KafkaUnderTest) -> str:
+    name = f"payments-{uuid.uuid4().hex[:8]}"
+    assert generate(kafka.bootstrap, name, RECORDS) == RECORDS
+    return name
+
+
+@pytest.fixture(scope="module")
+def expected() -> list[Output]:
+    return reference_output(payments(RECORDS), end_of_input=True)
+
+
+# --- restart strategies -----------------------------------------------------------------------------
+
+
+def test_a_function_that_fails_once_restarts_the_job_and_the_output_is_exact(
+    coordinator: Running, spark: Any, topic: str, expected: list[Output], tmp_path: Path
+) -> None:
+    output = unique("stats")
+    job = build(unique("once"), topic, output, max_records=100, settings=FAST_RESTARTS)
+    job = replace(job, function=FailingOnce(RECORDS // 2, str(tmp_path / "failed")))
+
+    status, agent = run_in_process(job, coordinator, spark)
+
+    assert status is JobStatus.FINISHED and agent.restarts == 1 and agent.attempt >= 1
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+    with coordinator.client() as client:
+        entries = client.get(f"/jobs/{job.id}/exceptions").json()["exceptionHistory"]["entries"]
+        details = client.get(f"/jobs/{job.id}").json()
+        overview = client.get("/jobs/overview").json()["jobs"]
+    assert len(entries) == 1 and "scripted failure" in entries[0]["stacktrace"]
+    assert entries[0]["exceptionName"]
+    assert details["state"] == "FINISHED" and details["timestamps"]["RESTARTING"] > 0
+    assert len(details["vertices"]) == 2 and details["sparkpoint"]["restarts"] == 1
+    assert [j["restarts"] for j in overview if j["jid"] == job.id] == [1]
+
+
+def test_fixed_delay_gives_up_after_its_attempts_and_keeps_the_checkpoints(
+    coordinator: Running, spark: Any, topic: str
+) -> None:
+    settings = {
+        "restart-strategy.type": "fixed-delay",
+        "restart-strategy.fixed-delay.attempts": "2",
+        "restart-strategy.fixed-delay.delay": "100ms",
+        "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
+    }
+    job = build(unique("doomed"), topic, unique("stats"), max_records=100, settings=settings)
+    job = replace(job, function=AlwaysFailing(RECORDS // 2))
+    agent = in_process(job, coordinator, spark)
+
+    with pytest.raises(Exception, match="every time"):  # Spark wraps it in its own type
+        agent.run()
+
+    assert agent.status is JobStatus.FAILED and len(agent.failures) == 3  # 1 + 2 restarts
+    wait(lambda: job.id in coordinator.service.ended, what="the coordinator saw FAILED")
+    ended = coordinator.service.ended[job.id]
+    assert ended.status is JobStatus.FAILED and ended.history.restarts == 2
+    assert ended.core.store.latest_checkpoint() is not None, "FAILED keeps the checkpoints"
+    with coordinator.client() as client:
+        entries = client.get(f"/jobs/{job.id}/exceptions").json()["exceptionHistory"]["entries"]
+    assert len(entries) == 3
+
+
+# --- savepoints: relocatable, disposable, claimed or not ----------------------------------------------
+
+
+def take_savepoint_and_stop(
+    coordinator: Running, spark: Any, topic: str, output: str, name: str, **options: Any
+) -> tuple[Agent, str]:
+    """Runs a job until its second completed checkpoint, then stops it with a savepoint."""
+    job = build(name, topic, output, max_records=60, **options)
+    stopped: list[str] = []
+    client = coordinator.client()
+
+    def stop_after_two(agent: Agent) -> None:
+        if not stopped and len(agent.completed_checkpoints) >= 2:
+            target = str(coordinator.root / "savepoints")
+            answer = client.post(f"/jobs/{job.id}/stop", json={"targetDirectory": target})
+            stopped.append(answer.json()["request-id"])
+
+    agent = in_process(job, coordinator, spark)
+    agent.on_round = stop_after_two
+    assert agent.run() is JobStatus.FINISHED and stopped
+    answer = client.get(f"/jobs/{job.id}/savepoints/{stopped[0]}").json()
+    client.close()
+    return agent, str(answer["operation"]["location"])
+
+
+def test_a_savepoint_moved_to_another_directory_restores_with_parallelism_3(
+    coordinator: Running, spark: Any, topic: str, expected: list[Output]
+) -> None:
+    output = unique("stats")
+    job_name = unique("moved")
+    _, savepoint = take_savepoint_and_stop(coordinator, spark, topic, output, job_name)
+    moved = coordinator.root / "savepoints" / "moved-here" / Path(savepoint).name
+    moved.parent.mkdir(parents=True)
+    shutil.move(savepoint, moved)
+    assert not Path(savepoint).exists()
+
+    job = build(job_name, topic, output, max_records=60)
+    status, restored = run_in_process(job, coordinator, spark, restore=str(moved), parallelism=3)
+
+    assert status is JobStatus.FINISHED and restored.parallelism == 3
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+
+
+def test_stop_with_savepoint_then_restore_latest_resumes_from_it_and_emits_nothing_twice(
+    coordinator: Running, spark: Any, topic: str, expected: list[Output]
+) -> None:
+    output = unique("stats")
+    name = unique("resume")
+    settings = {
+        "execution.checkpointing.externalized-checkpoint-retention": "NO_EXTERNALIZED_CHECKPOINTS"
+    }
+    _, savepoint = take_savepoint_and_stop(
+        coordinator, spark, topic, output, name, settings=settings
+    )
+    wait(lambda: name in coordinator.service.ended, what="the job ended")
+
+    job = build(name, topic, output, max_records=500, settings=settings)
+    status, again = run_in_process(job, coordinator, spark, restore="latest")
+
+    assert status is JobStatus.FINISHED and again.started_from == savepoint
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+
+
+def test_savepoints_are_listed_wherever_written_and_disposal_deletes_only_savepoints(
+    coordinator: Running, spark: Any, topic: str
+) -> None:
+    name = unique("dispose")
+    _, savepoint = take_savepoint_and_stop(coordinator, spark, topic, unique("stats"), name)
+    with coordinator.client() as client:
+        listed = client.get(f"/jobs/{name}/savepoints").json()["savepoints"]
+        assert [(s["location"], s["kind"], s["exists"]) for s in listed] == [
+            (savepoint, "stop", True)
+        ]
+        outside = client.post("/savepoint-disposal", json={"savepoint-path": "/etc"})
+        checkpoint = next((coordinator.root / "checkpoints" / name).glob("chk-*"), None)
+        not_savepoint = client.post(
+            "/savepoint-disposal", json={"savepoint-path": str(checkpoint or coordinator.root)}
+        )
+        done = client.post("/savepoint-disposal", json={"savepoint-path": savepoint})
+        again = client.get(f"/jobs/{name}/savepoints").json()["savepoints"]
+    assert outside.status_code == 400 and "savepoint-path" in outside.json()["errors"][0]
+    assert not_savepoint.status_code == 400
+    assert done.status_code == 200 and done.json()["operation"] == {}
+    assert not Path(savepoint).exists()
+    assert [(s["status"], s["exists"]) for s in again] == [("DISPOSED", False)]
+
+
+@pytest.mark.parametrize("claim", ["NO_CLAIM", "CLAIM"])
+def test_claim_modes_decide_who_owns_the_restored_snapshot(
+    coordinator: Running, spark: Any, topic: str, expected: list[Output], claim: str
+) -> None:
+    output = unique("stats")
+    name = unique(f"claim-{claim.lower()}")
+    _, savepoint = take_savepoint_and_stop(coordinator, spark, topic, output, name)
+    before = sorted(p.name for p in Path(savepoint).rglob("*"))
+
+    job = build(name, topic, output, max_records=500)
+    status, _ = run_in_process(job, coordinator, spark, restore=savepoint, claim_mode=claim)
+
+    assert status is JobStatus.FINISHED
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+    if claim == "NO_CLAIM":  # never touched
+        assert sorted(p.name for p in Path(savepoint).rglob("*")) == before
+    else:  # the job owned it: subsumed by its own checkpoints, then deleted
+        wait(lambda: not Path(savepoint).exists(), what="the claimed savepoint deleted")
+
+
+def test_a_snapshot_of_another_max_parallelism_is_refused(
+    coordinator: Running, spark: Any, topic: str
+) -> None:
+    name = unique("maxp")
+    _, savepoint = take_savepoint_and_stop(coordinator, spark, topic, unique("stats"), name)
+    job = replace(build(name, topic, unique("stats")), max_parallelism=256)
+    with pytest.raises(ValueError, match="max parallelism 128"):
+        in_process(job, coordinator, spark, restore=savepoint).run()
+
+
+# --- at-least-once, and Flink's whole option set ---------------------------------------------------------
+
+
+def test_at_least_once_checkpoints_do_not_wait_and_lose_nothing(
+    coordinator: Running, spark: Any, topic: str, expected: list[Output]
+) -> None:
+    output = unique("stats")
+    settings = {"execution.checkpointing.mode": "AT_LEAST_ONCE"}
+    job = build(unique("alo-mode"), topic, output, max_records=100, settings=settings)
+    agent = in_process(job, coordinator, spark)
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    wait(lambda: len(agent.completed_checkpoints) >= 2, timeout_s=120, what="two checkpoints")
+    agent.stop()
+    thread.join(60)
+    with coordinator.client() as client:  # nothing was processed while a checkpoint waited
+        for checkpoint_id in agent.completed_checkpoints:
+            details = client.get(f"/jobs/{job.id}/checkpoints/details/{checkpoint_id}").json()
+            keyed = [s for s in details["subtasks"] if s["subtask_id"].startswith("keyed-")]
+            assert keyed and all(s["alignment"]["processed"] == 0 for s in keyed), details
+
+    again = build(job.id, topic, output, max_records=500, settings=settings)
+    status, _ = run_in_process(again, coordinator, spark, restore="latest")
+    assert status is JobStatus.FINISHED
+    got = Counter(read_output(coordinator.bootstrap, output))
+    missing = Counter(expected) - got
+    assert not missing, f"{sum(missing.values())} records lost"
+
+
+def test_a_flink_configuration_with_every_2x_option_starts_and_lists_those_without_effect(
+    coordinator: Running, spark: Any, topic: str, expected: list[Output]
+) -> None:
+    flink = yaml.safe_load((ROOT / "tests" / "flink-2.3-config.yaml").read_text())
+    for key in list(flink):
+        if key.endswith((".dir", "savepoint-dir")) or key.startswith("restart-strategy"):
+            del flink[key]  # the test's storage roots and restart timing stay
+    output = unique("stats")
+    job = build(unique("flink-conf"), topic, output, settings={k: str(v) for k, v in flink.items()})
+    status, agent = run_in_process(job, coordinator, spark)
+    assert status is JobStatus.FINISHED
+    assert "execution.checkpointing.file-merging.enabled" in agent.no_effect
+    with coordinator.client() as client:
+        config = client.get(f"/jobs/{job.id}/config").json()
+    assert "execution.checkpointing.file-merging.enabled" in config["sparkpoint"]["no_effect"]
+    assert config["execution-config"]["restart-strategy"].startswith("Restart with exponential")
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
