@@ -118,6 +118,10 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05
 """How long the loop waits on the control topic when there is nothing to fetch or process."""
 
+AFTER_REGISTERING = "latest, once registered"
+"""What a restart restores when no checkpoint is named: the newest retained one, read after the
+next attempt registered."""
+
 MAX_STACKTRACE = 64 * 1024
 """The end of a failure's traceback that travels with RESTARTING and FAILED (the cause is last)."""
 
@@ -393,12 +397,23 @@ class Agent:
         self._reset()
         return delay
 
-    def _restart_from(self, failure: Exception) -> str | None:
+    def _restart_from(self, failure: Exception) -> str:
         """What a restart restores: the checkpoint a failover request names, else the latest
-        checkpoint this job completed, else what it was started from (a savepoint, say)."""
+        one the coordinator retains once the next attempt is registered."""
         if isinstance(failure, Restart) and failure.path:
             return failure.path
-        return self.latest_completed or self.started_from
+        return AFTER_REGISTERING
+
+    def _latest_for_restart(self) -> str | None:
+        """The coordinator's newest retained checkpoint, else the newest this agent saw complete,
+        else what the job was started from (a savepoint, say), else nothing."""
+        try:
+            record = latest_store_record(self.options.bootstrap, self.codec, self.job_id)
+            found = resolve_latest(record, self.checkpoint_dir, self.job_id, True)
+        except Exception as exc:  # unreadable now: what this agent saw complete
+            log.warning("job %s: reading the checkpoint store failed: %s", self.job_id, exc)
+            found = None
+        return found or self.latest_completed or self.started_from
 
     def stop(self) -> None:
         """Cancel (Ctrl-C, SIGTERM): the job ends CANCELED at the end of the current round."""
@@ -445,6 +460,13 @@ class Agent:
         """Reads what it restores, starts Spark, registers, and only once the coordinator
         accepted this agent touches storage or sinks (a refused agent changes nothing)."""
         started = time.monotonic()
+        if restore == AFTER_REGISTERING:
+            # a restart: the next attempt registers first. From then on the coordinator hears
+            # nothing of the failed attempt, so none of its checkpoints completes (subsuming the
+            # one read below) while this attempt restores
+            self._open_control()
+            self._register(None, attempt)
+            restore = self._latest_for_restart()
         restored = self._restored(restore) if restore is not None else None
         self._warm_up()
         self.channels = [
@@ -475,8 +497,9 @@ class Agent:
         self.finished_before = restored is not None and restored.end_of_input
         """Restored from the final checkpoint of a bounded job: nothing is left to do."""
         self.highest_trigger = restored.checkpoint_id if restored else 0
-        self._open_control()
-        self._register(restored, attempt)
+        if not self.membership.accepted or self.attempt != attempt:
+            self._open_control()
+            self._register(restored, attempt)
         # accepted: this agent drives the job from here on
         self.membership.start_heartbeats()
         if restored is not None:

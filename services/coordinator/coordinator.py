@@ -652,7 +652,7 @@ class CheckpointCoordinator:
             commands.append(RequestFailed(pending.request.request_id, reason, message))
         decision = self.failures.on_failure(checkpoint_id, reason, pending.is_savepoint)
         if decision is not None:
-            commands.append(Publish(self._failover(decision, now_ms)))
+            self._fail_over(decision, now_ms, commands)
         if choose:
             self._choose_queued(now_ms, commands)
 
@@ -663,6 +663,15 @@ class CheckpointCoordinator:
             commands.append(RequestFailed(request.request_id, reason, message))
         elif not request.periodic:
             log.info("checkpoint request of job %s dropped: %s", self.job.job_id, reason.name)
+
+    def _fail_over(self, decision: FailoverDecision, now_ms: int, commands: list[Command]) -> None:
+        """The job restarts from its latest checkpoint; until its agent registers the next
+        attempt, nothing more is triggered (so the checkpoint it restores stays retained)."""
+        commands.append(Publish(self._failover(decision, now_ms)))
+        self.running = False
+        for stop in (self.periodic.stop(), self.periodic_savepoints.stop()):
+            if stop is not None:
+                commands.append(stop)
 
     def _failover(self, decision: FailoverDecision, now_ms: int) -> FailoverRequest:
         restore = self.store.latest_checkpoint()
@@ -694,7 +703,7 @@ class CheckpointCoordinator:
         if config.tolerable_failed != old.tolerable_failed:
             decision = self.failures.set_tolerable(config.tolerable_failed)
             if decision is not None:
-                commands.append(Publish(self._failover(decision, now_ms)))
+                self._fail_over(decision, now_ms, commands)
         if config.num_retained != old.num_retained:
             subsumed, discards = self.store.set_num_retained(config.num_retained)
             for checkpoint in subsumed:

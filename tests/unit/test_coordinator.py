@@ -608,3 +608,16 @@ def test_statistics_in_flinks_shape() -> None:
     details = driver.coordinator.stats.details(pending)
     assert details is not None
     assert [s["status"] for s in details["subtasks"]] == ["completed", "pending_or_failed"]
+
+
+def test_a_failover_request_stops_triggering_until_the_job_registers_again() -> None:
+    driver = coordinator(config(tolerable_failed=0, timeout_ms=500, interval_ms=1000))
+    kept = triggered(driver)
+    driver.acknowledge_all(kept)
+    triggered(driver)
+    driver.advance(500)  # expires: a failover request naming the kept checkpoint
+    (failover,) = driver.failovers()
+    assert failover.restore_checkpoint_id == kept
+    before = len(driver.triggers())
+    driver.advance(10_000)
+    assert len(driver.triggers()) == before, "nothing triggers while the job restarts"

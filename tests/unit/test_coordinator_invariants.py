@@ -81,7 +81,14 @@ def test_invariants_hold_under_random_interleavings(seed: int) -> None:
         if driver.acknowledge(message) is AckResult.SUCCESS:
             acked[checkpoint_id].add(subtask)
 
+    failovers = 0
     for step in range(STEPS):
+        if len(driver.failovers()) > failovers:
+            # the agent restarts its job and registers again: what was pending ends, and
+            # checkpointing goes on (the service gives the new attempt a fresh coordinator)
+            failovers = len(driver.failovers())
+            driver.run(core.suspend(driver.now))
+            driver.run(core.start(driver.now))
         action = rng.random()
         ids = pending_ids()
         if action < 0.30:
