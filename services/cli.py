@@ -147,6 +147,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         master=args.master,
         spark_settings=spark_settings,
         checkpoint_dir=args.checkpoint_dir,
+        channel_dir=args.channel_dir,
     )
     try:
         status = run(args.job, options, say)
@@ -383,6 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--checkpoint-dir",
         help="execution.checkpointing.dir (default: the job's, else ./.sparkpoint/checkpoints)",
+    )
+    agent.add_argument(
+        "--channel-dir",
+        metavar="PATH|URL",
+        help="where stage-1 tasks write the segment files stage 2 reads (every executor must "
+        "reach it; default: local disk on a local master, the checkpoint storage otherwise)",
     )
     agent.set_defaults(run=cmd_agent)
 

@@ -1,93 +1,69 @@
-"""Per-subtask input channels between stage 1 and stage 2.
+"""Per-subtask input channels between stage 1 and stage 2: the driver's log of segments.
 
-A channel is a log of segments (Arrow IPC record batches produced by stage 1 for one stage-2
-subtask), in arrival order. Segments stay in memory within the channel's memory budget; beyond it
-they are spilled to files under the channel's spill directory (local disk by default). A channel
-with more than its capacity queued reports itself full, and the agent stops fetching
-(backpressure) until stage 2 has drained it.
+A segment is an immutable Arrow IPC file that a stage-1 task wrote for one stage-2 subtask
+(under the channel storage: the agent's local disk on a local master, shared storage on a
+cluster); the driver keeps only its metadata (path, rows, bytes, the source partition and the
+offset its fetch started at), never its records. A channel with more than its capacity queued
+reports itself full, and the agent stops fetching (backpressure) until stage 2 has drained it.
 
 Barriers are positions in the log: the barrier of checkpoint n sits after every segment that was
 queued when n was triggered. Stage 2 never takes segments past the oldest barrier, so a subtask
-is aligned for n when everything before n's barrier has been processed.
+is aligned for n when everything before n's barrier has been processed. Consumed segments'
+files are deleted unless a snapshot still references them (`pin`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import uuid
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-DEFAULT_MEMORY_BUDGET_BYTES = 64 * 1024 * 1024
-"""Per channel. Records beyond it go to local disk; 64 MiB holds a few rounds of typical events."""
+from fsspec.core import url_to_fs
 
 DEFAULT_CAPACITY_BYTES = 256 * 1024 * 1024
-"""Per channel, memory and disk together: above it the source stops fetching (backpressure)."""
+"""Per channel, queued segment bytes above which the source stops fetching (backpressure)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Segment:
     sequence: int
+    path: str
+    """The segment's file, relative to the channel directory."""
     rows: int
     size: int
-    data: bytes | None
-    """In memory, or None when spilled to ``path``."""
-    path: str | None = None
     source: tuple[str, int] | None = None
     """The source partition its records came from, and the offset its fetch started at: an
     at-least-once snapshot re-reads from there whatever is still queued."""
     first_offset: int = 0
 
-    def payload(self) -> bytes | str:
-        """What a stage-2 task needs: the bytes, or the spill file to read."""
-        if self.data is not None:
-            return self.data
-        assert self.path is not None
-        return self.path
-
 
 @dataclass
 class Channel:
     subtask: int
-    spill_dir: Path
-    memory_budget: int = DEFAULT_MEMORY_BUDGET_BYTES
     capacity: int = DEFAULT_CAPACITY_BYTES
     segments: deque[Segment] = field(default_factory=deque)
     barriers: deque[tuple[int, int]] = field(default_factory=deque)
     """(checkpoint id, sequence of the last segment before the barrier), oldest first."""
-    in_memory: int = 0
-    on_disk: int = 0
-    spilled_total: int = 0
+    queued_bytes: int = 0
+    appended_bytes: int = 0
     _sequence: int = 0
 
     def append(
-        self, data: bytes, rows: int, source: tuple[str, int] | None = None, first_offset: int = 0
+        self,
+        path: str,
+        rows: int,
+        size: int,
+        source: tuple[str, int] | None = None,
+        first_offset: int = 0,
     ) -> Segment:
         self._sequence += 1
-        segment = Segment(self._sequence, rows, len(data), data, None, source, first_offset)
-        if self.in_memory + len(data) > self.memory_budget:
-            self._spill(segment)
-        else:
-            self.in_memory += len(data)
+        segment = Segment(self._sequence, path, rows, size, source, first_offset)
         self.segments.append(segment)
+        self.queued_bytes += size
+        self.appended_bytes += size
         return segment
-
-    def _spill(self, segment: Segment) -> None:
-        assert segment.data is not None
-        self.spill_dir.mkdir(parents=True, exist_ok=True)
-        path = (
-            self.spill_dir / f"seg-{self.subtask}-{segment.sequence}-{uuid.uuid4().hex[:6]}.arrow"
-        )
-        path.write_bytes(segment.data)
-        segment.path, segment.data = str(path), None
-        self.on_disk += segment.size
-        self.spilled_total += segment.size
-
-    @property
-    def queued_bytes(self) -> int:
-        return self.in_memory + self.on_disk
 
     @property
     def full(self) -> bool:
@@ -114,18 +90,16 @@ class Channel:
             rows += segment.rows
         return taken
 
-    def consumed(self, segments: list[Segment]) -> None:
-        """Stage 2 committed these segments' output: they leave the channel."""
+    def consumed(self, segments: list[Segment]) -> list[Segment]:
+        """Stage 2 committed these segments' output: they leave the channel (returned, for their
+        files to be deleted)."""
         done = {s.sequence for s in segments}
+        gone = []
         while self.segments and self.segments[0].sequence in done:
             segment = self.segments.popleft()
-            if segment.data is not None:
-                self.in_memory -= segment.size
-            else:
-                self.on_disk -= segment.size
-                if segment.path is not None:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(segment.path)
+            self.queued_bytes -= segment.size
+            gone.append(segment)
+        return gone
 
     def aligned(self, checkpoint_id: int) -> bool:
         """Everything before checkpoint ``checkpoint_id``'s barrier has been processed."""
@@ -142,11 +116,52 @@ class Channel:
         oldest: dict[tuple[str, int], int] = {}
         for segment in self.segments:
             if segment.source is not None:
-                oldest[segment.source] = min(
-                    oldest.get(segment.source, segment.first_offset), segment.first_offset
-                )
+                offset = oldest.get(segment.source, segment.first_offset)
+                oldest[segment.source] = min(offset, segment.first_offset)
         return oldest
 
-    def clear(self) -> None:
-        self.consumed(list(self.segments))
+    def clear(self) -> list[Segment]:
+        """Everything queued leaves (a restart reads it again from the source)."""
+        gone = self.consumed(list(self.segments))
         self.barriers.clear()
+        return gone
+
+
+@dataclass
+class SegmentFiles:
+    """Deletes the files of consumed segments (under ``directory``), except those a snapshot
+    still references."""
+
+    directory: str = ""
+    pins: Counter[str] = field(default_factory=Counter)
+    doomed: set[str] = field(default_factory=set)
+
+    def pin(self, paths: Iterable[str]) -> None:
+        for path in paths:
+            self.pins[path] += 1
+
+    def release(self, paths: Iterable[str]) -> None:
+        for path in paths:
+            self.pins[path] -= 1
+            if self.pins[path] <= 0:
+                del self.pins[path]
+                if path in self.doomed:
+                    self.doomed.discard(path)
+                    delete(f"{self.directory}/{path}")
+
+    def discard(self, segments: Iterable[Segment]) -> None:
+        for segment in segments:
+            if segment.path in self.pins:
+                self.doomed.add(segment.path)
+            else:
+                delete(f"{self.directory}/{segment.path}")
+
+
+def delete(path: str) -> None:
+    if "://" not in path:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    fs, target = url_to_fs(path)
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(target)

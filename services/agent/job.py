@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from services.agent.formats import JsonValues, ValueFormat
 from services.common.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 from services.common.limits import JOB_ID_PATTERN
 
@@ -184,8 +185,10 @@ class DeliveryGuarantee(enum.Enum):
 
 @dataclass(frozen=True)
 class KafkaSource:
-    """Kafka topics, read with confluent-kafka inside Spark tasks. Values are JSON objects (one
-    per record). Partitions are assigned by the agent; offsets live in checkpoints, never in
+    """Kafka topics, read with confluent-kafka inside Spark tasks. Values decode with
+    ``value_format`` (JSON objects by default; Avro, raw bytes or strings: formats.py), a whole
+    fetch at a time; a value that does not decode is skipped and logged with its
+    topic[partition]@offset. Partitions are assigned by the agent; offsets live in checkpoints, never in
     consumer-group commits. ``bounded``: read each partition up to the end offset it has when the
     job starts, then end the job (final checkpoint, then FINISHED)."""
 
@@ -193,6 +196,7 @@ class KafkaSource:
     bounded: bool = False
     max_records_per_partition: int = 50_000
     """At most this many records per partition and round."""
+    value_format: ValueFormat = field(default_factory=JsonValues)
 
     @property
     def format(self) -> str:
@@ -220,12 +224,13 @@ class FileSource:
 
 @dataclass(frozen=True)
 class KafkaSink:
-    """Records as JSON values keyed by the key column. EXACTLY_ONCE: each epoch's output is
+    """Records as values in ``value_format`` (JSON objects by default) keyed by the key column. EXACTLY_ONCE: each epoch's output is
     published in one transaction with an "epoch published" marker once its checkpoint completes."""
 
     topic: str
     delivery_guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
     key_column: str | None = None
+    value_format: ValueFormat = field(default_factory=JsonValues)
 
 
 @dataclass(frozen=True)

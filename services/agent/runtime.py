@@ -21,6 +21,7 @@ groups and its part of the staged sink output), i < parallelism.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import posixpath
@@ -41,14 +42,10 @@ from typing import Any
 from confluent_kafka import TopicPartition
 from fsspec.core import url_to_fs
 
-from services.agent.channels import (
-    DEFAULT_CAPACITY_BYTES,
-    DEFAULT_MEMORY_BUDGET_BYTES,
-    Channel,
-    Segment,
-)
+from services.agent.channels import DEFAULT_CAPACITY_BYTES, Channel, SegmentFiles
 from services.agent.faults import crash_point
-from services.agent.job import FileSink, FileSource, Job, KafkaSink
+from services.agent.formats import JsonValues, ValueFormat
+from services.agent.job import FileSink, FileSource, Job, KafkaSink, KafkaSource
 from services.agent.membership import Membership, RegistrationRefused, Superseded
 from services.agent.restore import (
     SOURCE_FORMAT,
@@ -77,8 +74,10 @@ from services.agent.state import (
     copy_file,
     delete_files,
     job_dirs,
+    working_path,
     write_file,
 )
+from services.agent.traffic import DriverTraffic
 from services.common.avro import EventCodec
 from services.common.checkpoint_store import latest_store_record
 from services.common.events import (
@@ -149,8 +148,11 @@ class AgentOptions:
     master: str = "local[*]"
     spark_settings: dict[str, str] = field(default_factory=dict)
     checkpoint_dir: str | None = None
-    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
     capacity_bytes: int = DEFAULT_CAPACITY_BYTES
+    channel_dir: str | None = None
+    """Where stage-1 tasks write segments (a path or URL every executor reaches; each run uses
+    a directory of its own under it, removed at its end); default: the agent's local disk on a
+    local master, the job's task-owned storage otherwise."""
     max_rows_per_round: int = MAX_ROWS_PER_ROUND
     allow_fresh_start: bool = False
     """With ``restore="latest"``: start from the beginning when the job's checkpoints were
@@ -258,6 +260,24 @@ class Agent:
         ]
         self.source: KafkaSourceReader | FileSourceReader
         self.control: EventSubscriber
+        self.channel_dir = (
+            f"{options.channel_dir.rstrip('/')}/{self.job_id}-{self.agent_id}"
+            if options.channel_dir
+            else str(self.work_dir / "channels")
+            if options.master.startswith("local")
+            else f"{self.run_dir}/channels"
+        )
+        """Segments live here, written by stage-1 tasks, read by stage-2 tasks: never by the
+        driver (on a cluster, storage every executor reaches)."""
+        self.segment_files = SegmentFiles(self.channel_dir)
+        self.stage1 = ThreadPoolExecutor(1, thread_name_prefix="stage-1")
+        self._fetching: Future[list[FetchResult]] | None = None
+        self.fetches = 0
+        self.traffic = DriverTraffic()
+        self.input_bytes = 0
+        """Bytes of the records stage 1 read (values), over every attempt."""
+        self.stage_seconds: dict[str, float] = {"stage1": 0.0, "stage2": 0.0}
+        """Wall time inside stage-1 and stage-2 Spark jobs (they overlap)."""
         self.running_once = False
         """The job ran at least once: later failures go to the restart strategy."""
         self.failures: list[Exception] = []
@@ -297,6 +317,11 @@ class Agent:
         if isinstance(source, FileSource):
             return FileSourceReader(source, self.parallelism)
         return KafkaSourceReader(source, self.options.bootstrap, self.parallelism)
+
+    @property
+    def _value_format(self) -> ValueFormat:
+        source = self.job.source
+        return source.value_format if isinstance(source, KafkaSource) else JsonValues()
 
     def _spark(self) -> Any:
         if self.spark is None:
@@ -421,6 +446,7 @@ class Agent:
 
     def _close(self) -> None:
         self.membership.stop_heartbeats()
+        self.stage1.shutdown(wait=True)
         self.copier.shutdown(wait=True)
         self.committer.close()
         self.sink.close()
@@ -432,11 +458,26 @@ class Agent:
                     resource.close()
                 except Exception as exc:  # closing after a failure: report, go on closing
                     log.warning("closing %s: %s", closable, exc)
+        remove_tree(self.channel_dir)
         shutil.rmtree(self.work_dir, ignore_errors=True)
+        if self.spark is not None and self.input_bytes:
+            with contextlib.suppress(Exception):  # a figure, not worth failing a close for
+                self.traffic.settle(self._spark().sparkContext, wait_s=2.0)
+                log.info(
+                    "job %s: %d input bytes; the driver shipped %d bytes to tasks and got %d "
+                    "back (%.4f per input byte)",
+                    self.job_id, self.input_bytes, self.traffic.to_tasks,
+                    self.traffic.from_tasks, self.traffic.total / self.input_bytes,
+                )  # fmt: skip
 
     def _reset(self) -> None:
         """After a failure: completed epochs made visible where possible (the restore publishes
         the rest), the sink and the committer renewed, sources and channels let go."""
+        fetching, self._fetching = self._fetching, None
+        if fetching is not None:
+            with contextlib.suppress(Exception):  # its records are read again after the restore
+                fetching.result()
+        remove_tree(self.channel_dir)
         try:
             self.committer.drain()
         except Exception as exc:  # that epoch is published again by the restore
@@ -454,7 +495,7 @@ class Agent:
         self.sink = self._sink_writer()
         self.committer = EpochCommitter(self.sink, self.job_id)
         for channel in getattr(self, "channels", []):
-            channel.clear()
+            channel.clear()  # their files went with the channel directory
 
     def _start(self, restore: str | None, attempt: int) -> None:
         """Reads what it restores, starts Spark, registers, and only once the coordinator
@@ -469,10 +510,7 @@ class Agent:
             restore = self._latest_for_restart()
         restored = self._restored(restore) if restore is not None else None
         self._warm_up()
-        self.channels = [
-            Channel(i, self.work_dir / f"channel-{i}", self.options.memory_budget_bytes, self.options.capacity_bytes)
-            for i in range(self.parallelism)
-        ]  # fmt: skip
+        self.channels = [Channel(i, self.options.capacity_bytes) for i in range(self.parallelism)]
         self.backend = StateBackend(self.state_dir)
         self.source = self._source_reader()
         if restored is not None:
@@ -564,8 +602,8 @@ class Agent:
         self.committer.drain()
 
     def _clean_task_owned(self) -> None:
-        """Working state and staged output of earlier runs of the job (other agents, all gone:
-        this one was accepted): nothing restored points at them any more."""
+        """Working state, staged output and segment files of earlier runs of the job (other
+        agents, all gone: this one was accepted): nothing restored points at them any more."""
         fs, root = url_to_fs(self.taskowned_dir)
         if not fs.exists(root):
             return
@@ -577,6 +615,13 @@ class Agent:
             fs, path = url_to_fs(directory)
             if fs.exists(path):
                 fs.rm(path, recursive=True)
+        if self.options.channel_dir:  # segments of the job's earlier runs under a shared root
+            fs, root = url_to_fs(self.options.channel_dir)
+            mine = posixpath.basename(url_to_fs(self.channel_dir)[1])
+            for entry in fs.ls(root, detail=False) if fs.exists(root) else []:
+                name = posixpath.basename(str(entry).rstrip("/"))
+                if name.startswith(f"{self.job_id}-agent-") and name != mine:
+                    fs.rm(entry, recursive=True)
 
     def _open_control(self) -> None:
         consumer = make_consumer(self.options.bootstrap)
@@ -647,23 +692,28 @@ class Agent:
                 self._end(JobStatus.CANCELED)
                 return
             self.committer.check()
-            busy = False
             if self._read_control(0):
                 return
-            busy |= self._fetch()
-            if busy and self._read_control(0):  # a trigger that came during stage 1 goes now
-                return
+            busy = self._collect_fetch(wait=False)
+            self._start_fetch()  # stage 1 of the next round runs while stage 2 of this one does
             busy |= self._process()
+            if self._fetching is not None and not busy:
+                busy = self._collect_fetch(wait=True)  # nothing to process: the fetch is next
             self._snapshot_aligned()
             self._await_copies()
             self._send_acks()
             self.backend.collect_garbage()
-            if self.source.finished() and not self.end_of_input and self._drained():
+            if (
+                self.source.finished()
+                and self._fetching is None
+                and not self.end_of_input
+                and self._drained()
+            ):
                 self._finish_input()
                 busy = True
             if self.on_round is not None:
                 self.on_round(self)
-            if not busy and self._read_control(IDLE_WAIT_S):
+            if not busy and self._fetching is None and self._read_control(IDLE_WAIT_S):
                 return
 
     def _read_control(self, timeout_s: float) -> bool:
@@ -687,29 +737,49 @@ class Agent:
 
     # --- stage 1 ---------------------------------------------------------------------------------
 
-    def _fetch(self) -> bool:
-        if any(c.full for c in self.channels):
-            return False  # backpressure: stage 2 drains first
+    def _start_fetch(self) -> None:
+        """Plans the next stage-1 round and submits it as a Spark job on a thread of its own.
+        One is in flight at a time; none while a channel is full (backpressure)."""
+        if self._fetching is not None or any(c.full for c in self.channels):
+            return
         partitions = self.source.readable()
         if not partitions:
-            return False
+            return
+        self.fetches += 1
         limit = self.job.source.max_records_per_partition
         tasks = [
             FetchTask(
                 self.options.bootstrap, topic, partition, self.source.positions[(topic, partition)],
                 self.source.ends.get((topic, partition)), limit, self.job.key,
                 self.max_parallelism, self.parallelism, self.job.source.format,
+                self.channel_dir, self.fetches, self._value_format,
             )
             for topic, partition in partitions
         ]  # fmt: skip
+        self._fetching = self.stage1.submit(self._run_fetch, tasks)
+
+    def _run_fetch(self, tasks: list[FetchTask]) -> list[FetchResult]:
         map_function = self.job.map
         sc = self._spark().sparkContext
-        sc.setJobDescription(f"{self.job_id} stage 1: {len(tasks)} partitions")
+        sc.setLocalProperty("spark.scheduler.pool", "stage1")
+        self.traffic.start_job(sc, f"{self.job_id} stage 1: {len(tasks)} partitions", tasks)
+        started = time.monotonic()
         results: list[FetchResult] = (
             sc.parallelize(tasks, len(tasks))
             .map(lambda t: fetch_and_partition(t, map_function))
             .collect()
         )
+        self.stage_seconds["stage1"] += time.monotonic() - started
+        return results
+
+    def _collect_fetch(self, wait: bool) -> bool:
+        """Applies a finished stage-1 round: its segments join the channels (behind any barrier
+        placed meanwhile: they belong to the next epoch) and the source positions advance."""
+        fetching = self._fetching
+        if fetching is None or (not wait and not fetching.done()):
+            return False
+        self._fetching = None
+        results = fetching.result()  # a failure of stage 1 fails the job here
         fetched = 0
         for result in results:
             for offset, reason in result.malformed:
@@ -722,10 +792,11 @@ class Agent:
                 )
             partition = (result.topic, result.partition)
             started_at = self.source.positions[partition]
-            for subtask, data, rows in result.segments:
-                self.channels[subtask].append(data, rows, partition, started_at)
+            for subtask, name, rows, size in result.segments:
+                self.channels[subtask].append(name, rows, size, partition, started_at)
             self.source.positions[partition] = result.next_offset
             fetched += result.records
+            self.input_bytes += result.bytes_read
         if fetched:
             crash_point("mid-batch")
         return fetched > 0
@@ -743,24 +814,34 @@ class Agent:
         version = self.rounds
         tasks = []
         for i in work:
-            versions = {g: v.path for g, v in self.backend.versions.items() if g in self.ranges[i]}
+            versions: dict[int, int | str] = {
+                g: v.version if v.owned else v.path
+                for g, v in self.backend.versions.items()
+                if g in self.ranges[i]
+            }
             tasks.append(
                 ProcessTask(
-                    i, [self._shippable(s) for s in taken[i]], versions, self.state_dir, version,
-                    output_file(self.sink_dir, self.rounds, i), end_of_input,
+                    i, self.channel_dir, [s.path for s in taken[i]], versions, self.state_dir,
+                    version, output_file(self.sink_dir, self.rounds, i), end_of_input,
                 )
             )  # fmt: skip
         function = self.job.function
         sc = self._spark().sparkContext
-        sc.setJobDescription(f"{self.job_id} stage 2: {len(tasks)} subtasks")
+        sc.setLocalProperty("spark.scheduler.pool", "stage2")
+        self.traffic.start_job(sc, f"{self.job_id} stage 2: {len(tasks)} subtasks", tasks)
+        started = time.monotonic()
         results: list[ProcessResult] = (
             sc.parallelize(tasks, len(tasks)).map(lambda t: process_subtask(t, function)).collect()
         )
+        self.stage_seconds["stage2"] += time.monotonic() - started
         outputs: list[tuple[int, str]] = []
         for result in results:
-            for group, (path, size) in result.new_versions.items():
+            for group, size in result.new_versions.items():
+                path = working_path(self.state_dir, group, version)
                 self.backend.install(group, Version(path, size, version))
-            self.channels[result.subtask].consumed(taken[result.subtask])
+            self.segment_files.discard(
+                self.channels[result.subtask].consumed(taken[result.subtask])
+            )
             size = sum(segment.size for segment in taken[result.subtask])
             for pending in self.pending.values():
                 if not pending.snapshotted:
@@ -777,14 +858,6 @@ class Agent:
                 delete_files(paths)
         self.processed_rows += sum(s.rows for segments in taken.values() for s in segments)
         return True
-
-    def _shippable(self, segment: Segment) -> bytes | str:
-        """A segment as a stage-2 task gets it: spilled segments are read from the driver's
-        local disk by the task itself on a local master, and shipped as bytes otherwise."""
-        payload = segment.payload()
-        if isinstance(payload, str) and not self.options.master.startswith("local"):
-            return Path(payload).read_bytes()
-        return payload
 
     def _finish_input(self) -> None:
         """Bounded sources are read to their end and everything is processed: the keyed
@@ -1079,6 +1152,16 @@ class Agent:
                 event.reason.name,
             )
             self._announce(JobStatus.RUNNING, end_of_input=True)
+
+
+def remove_tree(url: str) -> None:
+    """Deletes a directory (local path or URL) that may not exist."""
+    try:
+        fs, root = url_to_fs(url)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+    except OSError as exc:
+        log.warning("could not remove %s: %s", url, exc)
 
 
 def all_exist(paths: list[str]) -> bool:

@@ -1,7 +1,7 @@
 """The agent's Spark session: ``local[*]`` by default, any master with ``--master``, Spark settings
 passed through. Defaults are the quiet, fast settings measured on a 2-core machine (no UI, no
 console progress, 2 shuffle partitions, no adaptive execution, bound to loopback, a 2 GB
-driver); a ``spark.*`` setting given by the caller replaces any of them.
+driver, the FAIR scheduler for the overlapping stages); a ``spark.*`` setting given by the caller replaces any of them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ QUIET_DEFAULTS: dict[str, str] = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.memory": "2g",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # stage 1 of a round and stage 2 of the one before run as concurrent jobs, sharing the cores
+    "spark.scheduler.mode": "FAIR",
 }
 
 LOG_LEVEL = "ERROR"

@@ -7,12 +7,13 @@ keeps the books (runtime.py).
 from __future__ import annotations
 
 import io
-import json
 import logging
+import os
 import uuid
+import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import pyarrow as pa
@@ -20,6 +21,7 @@ import pyarrow.ipc as ipc
 import pyarrow.json as pajson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from services.agent.formats import JsonValues, ValueFormat
 from services.agent.job import KeyedFunction, KeyedState, MapFunction, StateDescriptor
 from services.agent.state import decode_state, encode_state, read_file, working_path, write_file
 from services.common.kafka import consumer_config
@@ -54,6 +56,11 @@ class FetchTask:
     parallelism: int
     format: str = "kafka"
     """kafka (``topic`` and ``partition``), or parquet / json (``topic`` is a file URL)."""
+    channel_dir: str = ""
+    """Where the task writes its segments: ``<channel_dir>/s<subtask>/...``."""
+    fetch_id: int = 0
+    value_format: ValueFormat = field(default_factory=JsonValues)
+    """How Kafka values decode into columns."""
 
 
 @dataclass(frozen=True)
@@ -62,19 +69,40 @@ class FetchResult:
     partition: int
     next_offset: int
     records: int
-    segments: list[tuple[int, bytes, int]]
-    """(subtask, Arrow IPC stream, rows) for every subtask that got records."""
+    segments: list[tuple[int, str, int, int]]
+    """(subtask, segment file relative to the channel directory, rows, bytes) for every subtask
+    that got records: the records themselves stay on storage, the driver gets this."""
     malformed: list[tuple[int, str]]
     """(offset, reason) of records that were skipped, the first few."""
+    bytes_read: int = 0
+    """Bytes of the records read (values), for the driver's bytes-per-input-byte figure."""
 
 
-def read_range(task: FetchTask) -> tuple[list[bytes], list[int], int]:
-    """Values and offsets of at most ``max_records`` records from ``start``; the next offset."""
+def segment_name(task: FetchTask, subtask: int) -> str:
+    """A segment file's name under the channel directory: unique per fetch, partition and
+    subtask, ordered by fetch."""
+    source = zlib.crc32(task.topic.encode()) % 10**8
+    return f"s{subtask:04d}/f{task.fetch_id:010d}-{source:08d}-p{task.partition:05d}.arrow"
+
+
+def write_segment(path: str, data: bytes) -> None:
+    if "://" in path:
+        write_file(path, data)
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as out:  # local channel storage: no fsspec layer on the hot path
+        out.write(data)
+
+
+def read_range(task: FetchTask) -> tuple[list[bytes], list[bytes | None], list[int], int]:
+    """Values, keys and offsets of at most ``max_records`` records from ``start``; the next
+    offset."""
     config = consumer_config(task.bootstrap, client_id="sparkpoint-source") | {
         "enable.partition.eof": True
     }
     consumer = Consumer(config)
     values: list[bytes] = []
+    keys: list[bytes | None] = []
     offsets: list[int] = []
     next_offset = task.start
     try:
@@ -102,35 +130,14 @@ def read_range(task: FetchTask) -> tuple[list[bytes], list[int], int]:
                 if len(values) >= task.max_records:
                     break
                 values.append(message.value() or b"")
+                keys.append(message.key())
                 offsets.append(offset)
                 next_offset = offset + 1
             if eof and task.end is None:
                 break
     finally:
         consumer.close()
-    return values, offsets, next_offset
-
-
-def parse_json(
-    values: list[bytes], offsets: list[int]
-) -> tuple[pd.DataFrame, list[tuple[int, str]]]:
-    """JSON objects, one per record, parsed in bulk by Arrow; on a bad record, one at a time
-    so the bad ones are reported (by offset) and skipped and the good ones kept."""
-    if not values:
-        return pd.DataFrame(), []
-    try:
-        return pajson.read_json(io.BytesIO(b"\n".join(values))).to_pandas(), []
-    except (pa.ArrowInvalid, ValueError):
-        rows, bad = [], []
-        for value, offset in zip(values, offsets, strict=True):
-            try:
-                row = json.loads(value)
-                if not isinstance(row, dict):
-                    raise ValueError("not a JSON object")
-                rows.append(row)
-            except ValueError as exc:
-                bad.append((offset, str(exc)[:200]))
-        return pd.DataFrame(rows), bad
+    return values, keys, offsets, next_offset
 
 
 def to_ipc(frame: pd.DataFrame) -> bytes:
@@ -162,13 +169,15 @@ def read_file_rows(task: FetchTask) -> tuple[pd.DataFrame, int]:
 def fetch_and_partition(task: FetchTask, map_function: MapFunction) -> FetchResult:
     malformed: list[tuple[int, str]] = []
     if task.format == "kafka":
-        values, offsets, next_offset = read_range(task)
-        frame, malformed = parse_json(values, offsets)
+        values, keys, offsets, next_offset = read_range(task)
+        bytes_read = sum(len(v) for v in values)
+        frame, malformed = task.value_format.decode(values, keys, offsets)
         records = len(values)
     else:
         frame, next_offset = read_file_rows(task)
         records = len(frame)
-    segments: list[tuple[int, bytes, int]] = []
+        bytes_read = int(frame.memory_usage(deep=True).sum()) if records else 0
+    segments: list[tuple[int, str, int, int]] = []
     if len(frame):
         frame = map_function(frame)
     if len(frame):
@@ -180,8 +189,13 @@ def fetch_and_partition(task: FetchTask, map_function: MapFunction) -> FetchResu
         subtasks = operator_indexes(task.max_parallelism, task.parallelism, groups)
         frame = frame.assign(**{KEY_GROUP_COLUMN: groups})
         for subtask, part in frame.groupby(subtasks, sort=True):
-            segments.append((int(subtask), to_ipc(part.reset_index(drop=True)), len(part)))
-    return FetchResult(task.topic, task.partition, next_offset, records, segments, malformed[:10])
+            data = to_ipc(part.reset_index(drop=True))
+            name = segment_name(task, int(subtask))
+            write_segment(f"{task.channel_dir}/{name}", data)
+            segments.append((int(subtask), name, len(part), len(data)))
+    return FetchResult(
+        task.topic, task.partition, next_offset, records, segments, malformed[:10], bytes_read
+    )
 
 
 # --- stage 2 ------------------------------------------------------------------------------------
@@ -189,21 +203,33 @@ def fetch_and_partition(task: FetchTask, map_function: MapFunction) -> FetchResu
 
 @dataclass(frozen=True)
 class ProcessTask:
+    """Only metadata travels to a stage-2 task: segment names, state versions, directories."""
+
     subtask: int
-    payloads: list[bytes | str]
-    versions: dict[int, str]
-    """Current state file of every key group of this subtask that has state."""
+    channel_dir: str
+    segments: list[str]
+    """The subtask's segment files (relative to ``channel_dir``), in order."""
+    versions: dict[int, int | str]
+    """Every key group of this subtask that has state: its working version (a round number:
+    the file is `working_path`), or the path of a restored file."""
     state_dir: str
     version: int
     output_path: str
     end_of_input: bool = False
 
+    def state_file(self, group: int) -> str | None:
+        found = self.versions.get(group)
+        if found is None or isinstance(found, str):
+            return found
+        return working_path(self.state_dir, group, found)
+
 
 @dataclass(frozen=True)
 class ProcessResult:
     subtask: int
-    new_versions: dict[int, tuple[str, int]]
-    """Key group -> (file, size) for every key group whose state changed."""
+    new_versions: dict[int, int]
+    """Key group -> size of its new state file (at `working_path` for the task's version), for
+    every key group whose state changed."""
     output_path: str | None
     """The round's staged output, when it emitted any."""
 
@@ -228,13 +254,13 @@ def load_state(path: str, declared: Mapping[str, StateDescriptor]) -> dict[str, 
 
 def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult:
     declared = function.state
-    frames = [from_ipc(p) for p in task.payloads]
+    frames = [from_ipc(f"{task.channel_dir}/{name}") for name in task.segments]
     records = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     outputs: list[pd.DataFrame] = []
-    new_versions: dict[int, tuple[str, int]] = {}
+    new_versions: dict[int, int] = {}
 
     def run(group: int, batch: pd.DataFrame | None) -> None:
-        path = task.versions.get(group)
+        path = task.state_file(group)
         state = KeyedState(declared, load_state(path, declared) if path else {})
         out = function.on_end_of_input(state) if batch is None else function.process(batch, state)
         if out is not None and len(out):
@@ -244,8 +270,8 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
             new_path = working_path(task.state_dir, group, task.version)
             write_file(new_path, data)
             _CACHE[new_path] = {n: s.copy() for n, s in state.frames().items()}
-            new_versions[group] = (new_path, len(data))
-            task.versions[group] = new_path
+            new_versions[group] = len(data)
+            task.versions[group] = task.version
 
     if len(records):
         for group, batch in records.groupby(KEY_GROUP_COLUMN, sort=True):

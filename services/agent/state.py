@@ -127,7 +127,9 @@ def delete_files(paths: Iterable[str]) -> None:
 
 
 def working_path(state_dir: str, group: int, version: int) -> str:
-    return f"{state_dir}/kg-{group:05d}/v{version:08d}-{uuid.uuid4().hex[:8]}.arrow"
+    """A working state file: one per key group and round, under this agent run's directory
+    (runs never share it), so its name is derived, never sent."""
+    return f"{state_dir}/kg-{group:05d}/v{version:08d}.arrow"
 
 
 # --- the driver's view of every key group ----------------------------------------------------------

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,9 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from services.agent.example import generate, payments, reference_output
-from services.agent.job import DeliveryGuarantee, FileSource, Job
+from services.agent.example import ensure_topic, generate, payments, reference_output
+from services.agent.formats import AvroValues, ConfluentAvroValues
+from services.agent.job import DeliveryGuarantee, FileSource, Job, KafkaSink, KafkaSource
 from services.agent.restore import NoCheckpoint
 from services.agent.runtime import Agent, AgentOptions
 from services.common.avro import EventCodec
@@ -47,6 +48,7 @@ from services.common.kafka import (
 from services.common.topics import CHECKPOINT_EVENTS, CONTROL
 from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
+from tests.integration.test_formats import STAT, V1, V2, confluent, reference_read, reference_schema
 from tests.running_coordinator import Running, coordinator_in_thread, wait
 
 pytestmark = pytest.mark.spark
@@ -82,7 +84,9 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def read_output(bootstrap: str, topic: str) -> list[Output]:
+def read_output(
+    bootstrap: str, topic: str, decode: Callable[[bytes], Any] = json.loads
+) -> list[Output]:
     """Everything committed to ``topic`` (read_committed), up to its true end offsets."""
     consumer = Consumer(consumer_config(bootstrap, read_committed=True))
     try:
@@ -94,7 +98,7 @@ def read_output(bootstrap: str, topic: str) -> list[Output]:
         while remaining:
             for message in consumer.consume(10_000, 0.5):
                 if message.error() is None:
-                    row = json.loads(message.value() or b"{}")
+                    row = decode(message.value() or b"{}")
                     out.append((row["kind"], row["account"], row["id"], row["value"]))
             for tp in consumer.position([TopicPartition(topic, p) for p in remaining]):
                 if tp.offset >= ends[tp.partition]:
@@ -215,27 +219,91 @@ def test_the_file_sink_commits_part_files_exactly_once(
     assert not list((tmp_path / "out").glob(".*inprogress*")), "no part file left in progress"
 
 
-def test_records_spill_to_disk_beyond_the_memory_budget_and_backpressure_holds_the_source(
+def test_records_travel_in_segment_files_and_backpressure_holds_the_source(
     coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
 ) -> None:
     output = unique("stats")
-    job = build(unique("spill"), payments_topic, output, max_records=3_000)
-    seen: list[tuple[int, bool]] = []
+    job = build(unique("segments"), payments_topic, output, max_records=3_000)
+    seen: list[tuple[int, bool, list[str]]] = []
 
     def watch(agent: Agent) -> None:
+        queued = [s.path for c in agent.channels for s in c.segments]
         seen.append(
-            (sum(c.spilled_total for c in agent.channels), any(c.full for c in agent.channels))
+            (
+                sum(c.appended_bytes for c in agent.channels),
+                any(c.full for c in agent.channels),
+                queued,
+            )
         )
 
-    agent = in_process(
-        job, coordinator, spark, memory_budget_bytes=1, capacity_bytes=1, max_rows_per_round=400
-    )
+    agent = in_process(job, coordinator, spark, capacity_bytes=1, max_rows_per_round=400)
     agent.on_round = watch
+    segment_dir = Path(agent.channel_dir)
 
     assert agent.run() is JobStatus.FINISHED
     assert read_output(coordinator.bootstrap, output) == expected
-    assert seen[-1][0] > 0, "segments went to disk"
-    assert any(full for _, full in seen), "a full channel was reported (the source paused)"
+    assert seen[-1][0] > 0, "stage 1 wrote segment files"
+    assert any(full for _, full, _ in seen), "a full channel was reported (the source paused)"
+    assert any(queued for _, _, queued in seen)
+    assert not segment_dir.exists() or not any(segment_dir.rglob("*.arrow")), "consumed, deleted"
+
+
+def test_records_never_pass_through_the_driver(
+    coordinator: Running, spark: Any, kafka: KafkaUnderTest
+) -> None:
+    """What the driver sends to Spark tasks and gets back is metadata: at most 1 byte per 100
+    bytes of input (task results as Spark's own resultSize metric counts them, tasks as
+    pickled)."""
+    topic = unique("payments-big")
+    assert generate(kafka.bootstrap, topic, 60_000) == 60_000  # Spark adds ~1.5 KB per task
+    job = build(unique("driver"), topic, unique("stats"), max_records=50_000)
+
+    status, agent = run_in_process(job, coordinator, spark)
+
+    assert status is JobStatus.FINISHED and agent.input_bytes > 4_000_000
+    assert agent.traffic.stages >= 2 and agent.traffic.from_tasks > 0  # Spark's figures arrived
+    ratio = agent.traffic.total / agent.input_bytes
+    assert ratio <= 0.01, (agent.traffic.to_tasks, agent.traffic.from_tasks, agent.input_bytes)
+
+
+def test_avro_values_in_and_out_with_two_schema_ids_and_bad_values_skipped(
+    coordinator: Running, spark: Any, kafka: KafkaUnderTest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Payments in the Confluent wire format under two schema ids (the second adds a field),
+    three values that are not, and the stats out as Avro single-object values: the output,
+    read with the ``avro`` package, is the reference; each bad value is logged with
+    topic[partition]@offset."""
+    topic, output = unique("payments-avro"), unique("stats-avro")
+    ensure_topic(kafka.bootstrap, topic)
+    producer = make_producer(kafka.bootstrap)
+    events = list(payments(RECORDS))
+    for i, event in enumerate(events):
+        record = {"id": event.id, "account": event.account, "amount": event.amount, "ts": event.ts}
+        value = (
+            confluent(2, V2, record | {"currency": "EUR"}) if i % 2 else confluent(1, V1, record)
+        )
+        producer.produce(topic, value=value, key=event.account.encode())
+        if i in (10, 2000, 4000):
+            producer.produce(topic, value=b'{"json": true}', key=event.account.encode())
+    assert producer.flush(30) == 0
+    job = build(unique("avro"), topic, output, max_records=2_000)
+    source = KafkaSource([topic], True, 2_000, ConfluentAvroValues(schemas={1: V1, 2: V2}))
+    job = replace(job, source=source, sink=KafkaSink(output, value_format=AvroValues(STAT)))
+
+    with caplog.at_level("WARNING", logger="services.agent.runtime"):
+        status, _ = run_in_process(job, coordinator, spark)
+
+    assert status is JobStatus.FINISHED
+    fingerprint = reference_schema(STAT).fingerprint("CRC-64-AVRO")
+
+    def decode(value: bytes) -> Any:
+        assert value[:10] == b"\xc3\x01" + fingerprint
+        return reference_read(STAT, value[10:])
+
+    got = read_output(coordinator.bootstrap, output, decode)
+    assert got == reference_output(events, end_of_input=True), "exact"
+    skipped = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
+    assert len(skipped) == 3 and all(re.search(rf"{topic}\[\d\]@\d+", m) for m in skipped)
 
 
 def test_at_least_once_sinks_publish_every_record_without_transactions(
@@ -269,6 +337,34 @@ def test_a_killed_agent_restored_from_latest_commits_exactly_the_reference(
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
     assert "restoring from" in second.stderr
+
+
+def test_segment_files_on_a_storage_url_through_a_kill_and_a_rescaled_restore(
+    coordinator: Running, payments_topic: str, expected: list[Output], tmp_path: Path
+) -> None:
+    """Channels on a URL (through fsspec, as on a cluster): killed mid-batch with segments in
+    flight, restored with parallelism 3, exact; the killed run's segments are cleaned up by the
+    next run, the next run's own at its end."""
+    name, output = unique("url-channels"), unique("stats")
+    channels = f"file://{tmp_path}/channels"
+
+    first = agent_process(
+        coordinator, name, payments_topic, output, "--channel-dir", channels,
+        crash_at="mid-batch:2", max_records=600,
+    )  # fmt: skip
+    assert killed(first), first.stderr[-3000:]
+    left = list((tmp_path / "channels").iterdir())
+    assert [p.name.startswith(f"{name}-agent-") for p in left] == [True]
+    assert any(left[0].rglob("*.arrow")), "the killed run had segments in flight"
+    second = agent_process(
+        coordinator, name, payments_topic, output,
+        "--restore", "latest", "--parallelism", "3", "--channel-dir", channels, max_records=600,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+    assert list((tmp_path / "channels").iterdir()) == []
 
 
 def test_killed_during_the_sink_transaction_commits_exactly_the_reference_on_real_kafka(

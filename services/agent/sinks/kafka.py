@@ -1,4 +1,5 @@
-"""The Kafka sink. Records are JSON values keyed by the key column.
+"""The Kafka sink. Records are values in the sink's format (JSON by default) keyed by the key
+column.
 
 Exactly-once (the two-phase commit of Flink's KafkaSink, with the commit moved to the moment
 the checkpoint completes):
@@ -94,7 +95,7 @@ class KafkaSinkWriter:
         if not len(frame):
             return 0
         keys = frame[self.key_column].astype(str).tolist() if self.key_column in frame else None
-        lines = frame.to_json(orient="records", lines=True).splitlines()
+        lines = self.sink.value_format.encode(frame)
         producer = self.producer
         headers: dict[str, str | bytes | None] | None = (
             {TRANSACTION_HEADER: transaction} if transaction else None
@@ -104,7 +105,7 @@ class KafkaSinkWriter:
                 try:
                     producer.produce(
                         self.sink.topic,
-                        value=line.encode(),
+                        value=line,
                         key=keys[i].encode() if keys else None,
                         headers=headers,
                     )
