@@ -8,8 +8,11 @@ execution attempt).
    started by mistake must not disturb the one that runs.
 2. **Refusals.** ``ATTEMPT``: the job runs with a higher attempt than this registration's
    (an agent that died drove it); register again one above. ``LEASE_HELD``: another agent drives
-   the job. If it was heard from within `CLEARLY_ALIVE_MS`, it is alive: give up at once. If not,
-   it may have just died: wait until its lease must have run out, and try once more.
+   the job. If it was heard from within `CLEARLY_ALIVE_MS`, look again once that long has
+   passed: heard from again, it is alive: give up. Silent (it died just before this agent
+   started, as a crash point or a supervisor's instant restart does, or a new coordinator has
+   not heard from it yet), or not heard from in the first place: it may have died: wait until
+   its lease must have run out, and try once more.
    ``INVALID``: the registration itself is wrong; the reason says why.
 3. **Heartbeats** go out every `HEARTBEAT_INTERVAL_MS` from a thread of their own, so a long
    Spark stage never costs the lease.
@@ -100,7 +103,7 @@ class Membership:
         """Registers ``build(attempt)`` until accepted, raising the attempt when the job already
         ran with a higher one; raises `RegistrationRefused` when the job is not this agent's to
         drive. Heartbeats keep the attempt accepted before until the new one is."""
-        waited = False
+        waited = probed = False
         while True:
             registration = build(attempt)
             self.publisher.publish_sync(JOBS, self.job_id, registration)
@@ -120,6 +123,11 @@ class Membership:
                 continue
             if response.refusal == "LEASE_HELD":
                 seen = response.holder_seen_ms_ago or 0
+                if seen < CLEARLY_ALIVE_MS and not probed:
+                    probed = True  # alive, or died a moment ago: its heartbeats tell
+                    if self.stopping.wait((CLEARLY_ALIVE_MS - seen) / 1000 + 0.2):
+                        raise RegistrationRefused(f"job {self.job_id}: stopped while waiting")
+                    continue
                 if seen >= CLEARLY_ALIVE_MS and not waited:
                     wait_s = (LEASE_TIMEOUT_MS - seen) / 1000 + 0.5
                     self.say(

@@ -54,3 +54,11 @@ def test_topics_are_created_once_kafka_is_healthy(compose: dict[str, Any]) -> No
 
 def test_every_component_has_a_service(compose: dict[str, Any]) -> None:
     assert {"kafka", "topics", "coordinator", "agent", "generator"} <= set(compose["services"])
+
+
+def test_a_schema_registry_serves_avro_schemas_from_kafka(compose: dict[str, Any]) -> None:
+    registry = compose["services"]["schema-registry"]
+    env = registry["environment"]
+    assert env["SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS"] == "PLAINTEXT://kafka:19092"
+    assert env["SCHEMA_REGISTRY_KAFKASTORE_TOPIC_REPLICATION_FACTOR"] == 1
+    assert registry["depends_on"]["kafka"]["condition"] == "service_healthy"
