@@ -666,12 +666,21 @@ class CheckpointCoordinator:
 
     def _fail_over(self, decision: FailoverDecision, now_ms: int, commands: list[Command]) -> None:
         """The job restarts from its latest checkpoint; until its agent registers the next
-        attempt, nothing more is triggered (so the checkpoint it restores stays retained)."""
+        attempt, nothing more is triggered and nothing in flight completes (as Flink aborts
+        pending checkpoints on a failover), so the checkpoint the request names stays the
+        latest and keeps its files."""
         commands.append(Publish(self._failover(decision, now_ms)))
         self.running = False
         for stop in (self.periodic.stop(), self.periodic_savepoints.stop()):
             if stop is not None:
                 commands.append(stop)
+        for request in self.decider.abort_all():
+            self._fail_request(request, Reason.JOB_FAILOVER_REGION, "the job fails over", commands)
+        for pending in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
+            self._abort(
+                pending, Reason.JOB_FAILOVER_REGION, now_ms, "the job fails over", commands,
+                choose=False,
+            )  # fmt: skip
 
     def _failover(self, decision: FailoverDecision, now_ms: int) -> FailoverRequest:
         restore = self.store.latest_checkpoint()

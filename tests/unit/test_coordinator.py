@@ -621,3 +621,24 @@ def test_a_failover_request_stops_triggering_until_the_job_registers_again() -> 
     before = len(driver.triggers())
     driver.advance(10_000)
     assert len(driver.triggers()) == before, "nothing triggers while the job restarts"
+
+
+def test_a_failover_aborts_checkpoints_in_flight_so_the_named_one_stays_the_latest() -> None:
+    driver = coordinator(
+        config(max_concurrent=2, tolerable_failed=0, timeout_ms=1500, interval_ms=1000)
+    )
+    kept = triggered(driver)
+    driver.acknowledge_all(kept, files=[shared("a"), shared("b")])
+    expiring = triggered(driver)
+    driver.advance(1000)
+    in_flight = driver.last_trigger_id()
+    assert in_flight != expiring
+    driver.acknowledge(ack(in_flight, "keyed-0", files=[shared("a")]))
+    driver.advance(500)  # the first one expires: a failover naming the kept checkpoint
+    (failover,) = driver.failovers()
+    assert failover.restore_checkpoint_id == kept
+    assert (in_flight, Reason.JOB_FAILOVER_REGION) in driver.aborted()
+    driver.acknowledge_all(in_flight, files=[shared("a")])
+    assert in_flight not in driver.completed(), "a late ack completes nothing"
+    assert driver.coordinator.store.latest().checkpoint_id == kept
+    assert not {shared("a"), shared("b")} & set(driver.discarded_files())
