@@ -52,6 +52,13 @@ def non_negative_int(text: str) -> int:
     return whole_number(text, 0)
 
 
+def on_off(text: str) -> bool:
+    choices = {"on": True, "true": True, "off": False, "false": False}
+    if text.lower() not in choices:
+        raise argparse.ArgumentTypeError(f"{text!r}: use on or off")
+    return choices[text.lower()]
+
+
 def port_number(text: str) -> int:
     value = positive_int(text)
     if value > 65535:
@@ -269,6 +276,7 @@ CONFIG_OPTIONS = {
     "max_concurrent": ("maxConcurrentCheckpoints", "int"),
     "tolerable_failed": ("tolerableCheckpointFailureNumber", "int"),
     "aligned_timeout": ("alignedCheckpointTimeout", "duration"),
+    "unaligned": ("unalignedCheckpoints", "switch"),
 }
 
 
@@ -444,8 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
         config.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
-            type=duration_ms if kind == "duration" else non_negative_int,
-            help=f"sets {rest}" + (" (500ms, 30s, 10min)" if kind == "duration" else ""),
+            type={"duration": duration_ms, "switch": on_off}.get(kind, non_negative_int),
+            help=f"sets {rest}"
+            + {"duration": " (500ms, 30s, 10min)", "switch": " (on or off)"}.get(kind, ""),
         )
     config.set_defaults(run=cmd_config)
 

@@ -1,11 +1,15 @@
 """Job definitions for agent tests, configured by environment so that an agent process started
 as a user would (``sparkpoint agent tests/agent_jobs.py:job``) runs the test's job:
 ``TEST_JOB_NAME``, ``TEST_INPUT``, ``TEST_OUTPUT`` (a topic, or a directory for the file sink
-when ``TEST_SINK=files``), ``TEST_MAX_RECORDS`` (per partition and round), ``TEST_BOUNDED``."""
+when ``TEST_SINK=files``), ``TEST_MAX_RECORDS`` (per partition and round), ``TEST_BOUNDED``,
+``TEST_SETTINGS`` (job options as JSON) and ``TEST_SLOW_MS`` (stage 2 sleeps that long per key
+group it processes: the source outruns it and records queue in the channels)."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -52,14 +56,28 @@ def build(
 
 def job() -> Job:
     env = os.environ
-    return build(
+    built = build(
         env["TEST_JOB_NAME"],
         env["TEST_INPUT"],
         env["TEST_OUTPUT"],
         int(env.get("TEST_MAX_RECORDS", "500")),
         env.get("TEST_BOUNDED", "1") == "1",
         env.get("TEST_SINK", "kafka"),
+        settings=json.loads(env.get("TEST_SETTINGS", "{}")),
     )
+    slow_ms = int(env.get("TEST_SLOW_MS", "0"))
+    return replace(built, function=Slow(slow_ms)) if slow_ms else built
+
+
+class Slow(PaymentStats):
+    """The example function, sleeping ``slow_ms`` per key group batch: a slow stage 2."""
+
+    def __init__(self, slow_ms: int) -> None:
+        self.slow_ms = slow_ms
+
+    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        time.sleep(self.slow_ms / 1000)
+        return super().process(records, state)
 
 
 class FailingOnce(PaymentStats):

@@ -8,8 +8,9 @@ reports itself full, and the agent stops fetching (backpressure) until stage 2 h
 
 Barriers are positions in the log: the barrier of checkpoint n sits after every segment that was
 queued when n was triggered. Stage 2 never takes segments past the oldest barrier, so a subtask
-is aligned for n when everything before n's barrier has been processed. Consumed segments'
-files are deleted unless a snapshot still references them (`pin`).
+is aligned for n when everything before n's barrier has been processed. An unaligned snapshot
+does not wait: the segments before the barrier are its channel state (`before_barrier`).
+Consumed segments' files are deleted unless a snapshot still references them (`pin`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class Segment:
     """The source partition its records came from, and the offset its fetch started at: an
     at-least-once snapshot re-reads from there whatever is still queued."""
     first_offset: int = 0
+    key_groups: tuple[int, int] | None = None
+    """The key groups whose rows in the file belong to this channel; None: all of them (a
+    segment of restored channel state may hold rows of key groups other subtasks own now)."""
 
 
 @dataclass
@@ -57,9 +61,10 @@ class Channel:
         size: int,
         source: tuple[str, int] | None = None,
         first_offset: int = 0,
+        key_groups: tuple[int, int] | None = None,
     ) -> Segment:
         self._sequence += 1
-        segment = Segment(self._sequence, path, rows, size, source, first_offset)
+        segment = Segment(self._sequence, path, rows, size, source, first_offset, key_groups)
         self.segments.append(segment)
         self.queued_bytes += size
         self.appended_bytes += size
@@ -107,6 +112,15 @@ class Channel:
             if barrier_id == checkpoint_id:
                 return not self.segments or self.segments[0].sequence > last
         return False
+
+    def before_barrier(self, checkpoint_id: int) -> list[Segment]:
+        """The segments still queued before checkpoint ``checkpoint_id``'s barrier (all of them
+        when it has none): an unaligned snapshot's channel state. Segments a stage-2 round is
+        processing stay queued until it completes, so they are included."""
+        limit = next(
+            (last for barrier_id, last in self.barriers if barrier_id == checkpoint_id), None
+        )
+        return [s for s in self.segments if limit is None or s.sequence <= limit]
 
     def remove_barrier(self, checkpoint_id: int) -> None:
         self.barriers = deque(b for b in self.barriers if b[0] != checkpoint_id)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from fsspec.core import url_to_fs
 
+from services.agent.channel_state import ChannelStateFile, read_manifest
 from services.agent.state import read_file
 from services.common.events import CheckpointStoreRecord, StateHandleKind
 from services.common.metadata import BadMetadata, SnapshotMetadata
@@ -45,6 +46,8 @@ class Restored:
     end_of_input: bool = False
     """Taken after a bounded input was read to its end and its end-of-input hook ran: the
     job's final checkpoint. A job restored from it has nothing left to do."""
+    channel_state: list[ChannelStateFile] = field(default_factory=list)
+    """An unaligned checkpoint's in-flight records: processed before any new input."""
 
 
 def _protocol_prefix(url: str) -> str:
@@ -124,6 +127,9 @@ def load(
                 for topic, offsets in positions.items():
                     for partition, offset in offsets.items():
                         restored.positions[(topic, int(partition))] = int(offset)
+            elif handle.kind is StateHandleKind.CHANNEL_STATE and handle.path.endswith(".json"):
+                old_subtask = int(subtask.subtask_id.rsplit("-", 1)[-1])
+                restored.channel_state += read_manifest(handle.path, old_subtask)
             elif handle.kind is StateHandleKind.SINK_EPOCH:
                 manifest = json.loads(read_file(handle.path))
                 for epoch, outputs in manifest.items():
@@ -131,9 +137,34 @@ def load(
                         resolve(output, directory) for output in outputs
                     )
     restored.shared = bool(restored.key_groups) and all_shared and not restored.is_savepoint
+    missing = missing_files({p for p, _ in restored.key_groups.values()})
+    missing += missing_files({f.path for f in restored.channel_state})
+    if missing:
+        raise NoCheckpoint(
+            f"{directory} references {len(missing)} state files that no longer exist "
+            f"(e.g. {missing[0]}): it cannot be restored"
+        )
     for outputs in restored.epochs.values():
         outputs.sort()
     return restored
+
+
+def missing_files(paths: set[str]) -> list[str]:
+    """Those of ``paths`` that do not exist, found with one listing per directory (a state file
+    is read lazily, by the first round that touches its key group: a checkpoint whose files went
+    is refused at restore, before a later checkpoint could reference them again)."""
+    by_directory: dict[str, set[str]] = {}
+    for path in paths:
+        by_directory.setdefault(posixpath.dirname(path), set()).add(path)
+    missing: list[str] = []
+    for directory, wanted in sorted(by_directory.items()):
+        fs, root = url_to_fs(directory)
+        try:
+            names = {posixpath.basename(str(p).rstrip("/")) for p in fs.ls(root, detail=False)}
+        except FileNotFoundError:
+            names = set()
+        missing += sorted(p for p in wanted if posixpath.basename(p) not in names)
+    return missing
 
 
 def resolve(path: str, directory: str) -> str:

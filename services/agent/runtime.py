@@ -42,7 +42,9 @@ from typing import Any
 from confluent_kafka import TopicPartition
 from fsspec.core import url_to_fs
 
-from services.agent.channels import DEFAULT_CAPACITY_BYTES, Channel, SegmentFiles
+from services.agent import channel_state
+from services.agent.alignment import BarrierPolicy, Decision
+from services.agent.channels import DEFAULT_CAPACITY_BYTES, Channel, Segment, SegmentFiles
 from services.agent.faults import crash_point
 from services.agent.formats import JsonValues, ValueFormat
 from services.agent.job import FileSink, FileSource, Job, KafkaSink, KafkaSource
@@ -117,6 +119,10 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05
 """How long the loop waits on the control topic when there is nothing to fetch or process."""
 
+IN_FLIGHT_WAIT_S = 0.005
+"""How long the loop listens for control events while a stage runs: triggers are answered
+within this, and a finished stage is picked up within this."""
+
 AFTER_REGISTERING = "latest, once registered"
 """What a restart restores when no checkpoint is named: the newest retained one, read after the
 next attempt registered."""
@@ -170,10 +176,12 @@ class Copy:
     """One keyed subtask's snapshot in its asynchronous phase."""
 
     subtask: int
-    future: Future[None]
+    future: Future[tuple[list[StateHandle], int]]
+    """Resolves to the channel-state handles written (unaligned snapshots) and their bytes."""
     plan: Plan
     sync_ms: int
     started: float
+    unaligned: bool = False
 
     def new_files(self) -> list[str]:
         return [upload.path for upload, source in self.plan if source is not None]
@@ -189,6 +197,9 @@ class PendingSnapshot:
     copies: list[Copy] = field(default_factory=list)
     snapshotted: bool = False
     aligned_ms: int = 0
+    policy: BarrierPolicy | None = None
+    """How its barrier is handled (None: at-least-once, snapshot at the trigger)."""
+    unaligned: bool = False
     processed: dict[str, int] = field(default_factory=dict)
     """Bytes each keyed subtask processed between the trigger and its alignment (Flink's
     processedData)."""
@@ -272,6 +283,10 @@ class Agent:
         self.segment_files = SegmentFiles(self.channel_dir)
         self.stage1 = ThreadPoolExecutor(1, thread_name_prefix="stage-1")
         self._fetching: Future[list[FetchResult]] | None = None
+        self.stage2 = ThreadPoolExecutor(1, thread_name_prefix="stage-2")
+        self._processing: Future[list[ProcessResult]] | None = None
+        self._round: tuple[int, dict[int, list[Segment]]] | None = None
+        """The stage-2 round in flight: its version and the segments it took, per subtask."""
         self.fetches = 0
         self.traffic = DriverTraffic()
         self.input_bytes = 0
@@ -447,6 +462,7 @@ class Agent:
     def _close(self) -> None:
         self.membership.stop_heartbeats()
         self.stage1.shutdown(wait=True)
+        self.stage2.shutdown(wait=True)
         self.copier.shutdown(wait=True)
         self.committer.close()
         self.sink.close()
@@ -473,10 +489,12 @@ class Agent:
     def _reset(self) -> None:
         """After a failure: completed epochs made visible where possible (the restore publishes
         the rest), the sink and the committer renewed, sources and channels let go."""
-        fetching, self._fetching = self._fetching, None
-        if fetching is not None:
-            with contextlib.suppress(Exception):  # its records are read again after the restore
-                fetching.result()
+        for running in (self._fetching, self._processing):
+            if running is not None:
+                with contextlib.suppress(Exception):  # read and processed again after the restore
+                    running.result()
+        self._fetching = self._processing = None
+        self._round = None
         remove_tree(self.channel_dir)
         try:
             self.committer.drain()
@@ -524,6 +542,8 @@ class Agent:
                 )
             self.backend.restore(restored.key_groups, restored.shared)
         self.source.start(restored.positions if restored else None)
+        if restored is not None and restored.channel_state:
+            self._adopt_channel_state(restored)
         self.pending: dict[int, PendingSnapshot] = {}
         self.orphans: list[Copy] = []
         """Copies of snapshots that will never be acknowledged: their new files go when done."""
@@ -552,6 +572,41 @@ class Agent:
             "job %s running: agent %s attempt %d, parallelism %d, %d key groups restored, started in %.1f s",
             self.job_id, self.agent_id, self.attempt, self.parallelism,
             len(restored.key_groups) if restored else 0, self.start_seconds,
+        )  # fmt: skip
+
+    def _adopt_channel_state(self, restored: Restored) -> None:
+        """Queues an unaligned checkpoint's channel state ahead of any new input: each subtask
+        gets the segments of the old subtasks whose key groups overlap its own (stage 2 keeps
+        its own rows), linked or copied into this run's channel directory, so they outlive the
+        checkpoint being subsumed. ``recover-without-channel-state.checkpoint-id`` drops them."""
+        if restored.checkpoint_id == self.recovery.without_channel_state_checkpoint_id:
+            log.warning(
+                "job %s: DROPPING the channel state of checkpoint %d (%d segments, %d rows) as "
+                "execution.state-recovery.without-channel-state.checkpoint-id says: the records "
+                "in flight when it was taken are lost to this job",
+                self.job_id, restored.checkpoint_id, len(restored.channel_state),
+                sum(f.rows for f in restored.channel_state),
+            )  # fmt: skip
+            return
+        shares = channel_state.assign(restored.channel_state, self.ranges)
+        for subtask, files in shares.items():
+            for state_file in files:
+                name = (
+                    f"s{subtask:04d}/c{restored.checkpoint_id:010d}-"
+                    f"{state_file.old_subtask:04d}-{state_file.order:05d}.arrow"
+                )
+                channel_state.link_or_copy(state_file.path, f"{self.channel_dir}/{name}")
+                mine = self.ranges[subtask]
+                overlap = (
+                    max(mine.start, state_file.key_groups[0]),
+                    min(mine.end, state_file.key_groups[1]),
+                )
+                self.channels[subtask].append(
+                    name, state_file.rows, state_file.size, key_groups=overlap
+                )
+        log.info(
+            "job %s: %d segments of channel state queued ahead of new input",
+            self.job_id, sum(len(f) for f in shares.values()),
         )  # fmt: skip
 
     def _restored(self, restore: str) -> Restored | None:
@@ -695,17 +750,17 @@ class Agent:
             if self._read_control(0):
                 return
             busy = self._collect_fetch(wait=False)
+            busy |= self._collect_process(wait=False)
             self._start_fetch()  # stage 1 of the next round runs while stage 2 of this one does
-            busy |= self._process()
-            if self._fetching is not None and not busy:
-                busy = self._collect_fetch(wait=True)  # nothing to process: the fetch is next
-            self._snapshot_aligned()
+            busy |= self._start_process()
+            self._snapshot_due()
             self._await_copies()
             self._send_acks()
             self.backend.collect_garbage()
             if (
                 self.source.finished()
                 and self._fetching is None
+                and self._processing is None
                 and not self.end_of_input
                 and self._drained()
             ):
@@ -713,7 +768,8 @@ class Agent:
                 busy = True
             if self.on_round is not None:
                 self.on_round(self)
-            if not busy and self._fetching is None and self._read_control(IDLE_WAIT_S):
+            in_flight = self._fetching is not None or self._processing is not None
+            if not busy and self._read_control(IN_FLIGHT_WAIT_S if in_flight else IDLE_WAIT_S):
                 return
 
     def _read_control(self, timeout_s: float) -> bool:
@@ -803,7 +859,11 @@ class Agent:
 
     # --- stage 2 ---------------------------------------------------------------------------------
 
-    def _process(self, end_of_input: bool = False) -> bool:
+    def _start_process(self, end_of_input: bool = False) -> bool:
+        """Plans the next stage-2 round and submits it as a Spark job on a thread of its own (one
+        in flight at a time), so the loop goes on hearing triggers while it runs."""
+        if self._processing is not None:
+            return False
         taken = {i: c.take(self.options.max_rows_per_round) for i, c in enumerate(self.channels)}
         work = [i for i, segments in taken.items() if segments]
         if end_of_input:
@@ -823,8 +883,14 @@ class Agent:
                 ProcessTask(
                     i, self.channel_dir, [s.path for s in taken[i]], versions, self.state_dir,
                     version, output_file(self.sink_dir, self.rounds, i), end_of_input,
+                    [s.key_groups for s in taken[i]],
                 )
             )  # fmt: skip
+        self._round = (version, taken)
+        self._processing = self.stage2.submit(self._run_process, tasks)
+        return True
+
+    def _run_process(self, tasks: list[ProcessTask]) -> list[ProcessResult]:
         function = self.job.function
         sc = self._spark().sparkContext
         sc.setLocalProperty("spark.scheduler.pool", "stage2")
@@ -834,6 +900,20 @@ class Agent:
             sc.parallelize(tasks, len(tasks)).map(lambda t: process_subtask(t, function)).collect()
         )
         self.stage_seconds["stage2"] += time.monotonic() - started
+        return results
+
+    def _collect_process(self, wait: bool) -> bool:
+        """Applies a finished stage-2 round: new state versions, consumed segments, staged
+        output (this epoch's: a snapshot taken while the round ran holds the state before it
+        and the round's segments as channel state, so the output belongs after it)."""
+        processing = self._processing
+        if processing is None or (not wait and not processing.done()):
+            return False
+        assert self._round is not None
+        version, taken = self._round
+        self._processing = None
+        self._round = None
+        results = processing.result()  # a failure of stage 2 fails the job here
         outputs: list[tuple[int, str]] = []
         for result in results:
             for group, size in result.new_versions.items():
@@ -863,7 +943,9 @@ class Agent:
         """Bounded sources are read to their end and everything is processed: the keyed
         function's end-of-input hook runs, then the coordinator is asked for the final
         checkpoint (FLIP-147)."""
-        self._process(end_of_input=True)
+        self._collect_process(wait=True)
+        self._start_process(end_of_input=True)
+        self._collect_process(wait=True)
         self.end_of_input = True
         log.info("job %s: end of input; asking for the final checkpoint", self.job_id)
         self._announce(JobStatus.RUNNING, end_of_input=True)
@@ -897,6 +979,10 @@ class Agent:
         )
         positions = self._unprocessed_positions() if at_least_once else None
         if not at_least_once:
+            pending.policy = BarrierPolicy.for_trigger(
+                trigger.unaligned, trigger.aligned_checkpoint_timeout_ms,
+                trigger.snapshot_type.is_savepoint, pending.received * 1000,
+            )  # fmt: skip
             for channel in self.channels:
                 channel.add_barrier(checkpoint_id)
         # sources snapshot at once: exactly-once, their positions are where the barrier enters
@@ -919,6 +1005,8 @@ class Agent:
 
         if at_least_once:
             self._snapshot(checkpoint_id, pending)  # no alignment: the state as it stands
+        elif pending.policy is not None and pending.policy.at_once:
+            self._snapshot(checkpoint_id, pending, unaligned=True)  # no wait for the rounds
 
     def _unprocessed_positions(self) -> dict[tuple[str, int], int]:
         """Where an at-least-once snapshot's sources restart: before every record still queued
@@ -929,19 +1017,40 @@ class Agent:
                 positions[partition] = min(positions.get(partition, offset), offset)
         return positions
 
-    def _snapshot_aligned(self) -> None:
+    def _snapshot_due(self) -> None:
+        """Snapshots the checkpoints whose barriers are aligned, or whose aligned-checkpoint
+        timeout ran out (they go unaligned), oldest first."""
+        now = time.monotonic() * 1000
         for checkpoint_id in sorted(self.pending):
             pending = self.pending[checkpoint_id]
             if pending.snapshotted:
                 continue
-            if not all(c.aligned(checkpoint_id) for c in self.channels):
+            aligned = all(c.aligned(checkpoint_id) for c in self.channels)
+            policy = pending.policy
+            decision = policy.decide(aligned, now) if policy else Decision.ALIGNED
+            if decision is Decision.WAIT:
                 return  # barriers are in order: a later one cannot be aligned before this one
-            self._snapshot(checkpoint_id, pending)
+            if decision is Decision.UNALIGNED:
+                log.info(
+                    "job %s: checkpoint %d not aligned after %d ms: switching to unaligned",
+                    self.job_id, checkpoint_id, policy.timeout_ms if policy else 0,
+                )  # fmt: skip
+            self._snapshot(checkpoint_id, pending, unaligned=decision is Decision.UNALIGNED)
 
-    def _snapshot(self, checkpoint_id: int, pending: PendingSnapshot) -> None:
+    def _snapshot(
+        self, checkpoint_id: int, pending: PendingSnapshot, unaligned: bool = False
+    ) -> None:
+        """Seals the epoch and snapshots every keyed subtask: the state of the rounds that
+        completed so far and, unaligned, the segments still before the barrier (the round in
+        flight included) as channel state. Copies run on the copier threads."""
         trigger = pending.trigger
         pending.snapshotted = True
+        pending.unaligned = unaligned
         pending.aligned_ms = int((time.monotonic() - pending.received) * 1000)
+        in_flight = {
+            i: channel.before_barrier(checkpoint_id) if unaligned else []
+            for i, channel in enumerate(self.channels)
+        }
         for channel in self.channels:
             channel.remove_barrier(checkpoint_id)
         self.sealed[checkpoint_id] = self.unsealed
@@ -959,11 +1068,13 @@ class Agent:
             }
             if trigger.snapshot_type.is_savepoint:
                 manifest = self._self_contained(manifest, trigger.target_location)
+            self.segment_files.pin(s.path for s in in_flight[i])
             future = self.copier.submit(
-                self._copy, plan, f"{trigger.target_location}/sink-{i}.json", manifest
-            )
+                self._copy, plan, f"{trigger.target_location}/sink-{i}.json", manifest,
+                i, in_flight[i], trigger.target_location,
+            )  # fmt: skip
             sync_ms = int((time.monotonic() - started) * 1000)
-            pending.copies.append(Copy(i, future, plan, sync_ms, time.monotonic()))
+            pending.copies.append(Copy(i, future, plan, sync_ms, time.monotonic(), unaligned))
         log.debug(
             "job %s: checkpoint %d aligned after %d ms",
             self.job_id,
@@ -984,14 +1095,26 @@ class Agent:
                 kept[epoch].append(name)
         return kept
 
-    def _copy(self, plan: Plan, manifest_path: str, manifest: dict[str, list[str]]) -> None:
+    def _copy(
+        self, plan: Plan, manifest_path: str, manifest: dict[str, list[str]],
+        subtask: int, in_flight: list[Segment], target: str,
+    ) -> tuple[list[StateHandle], int]:  # fmt: skip
+        """A keyed subtask's asynchronous phase: new state files, its sink manifest, and its
+        channel state (unaligned: the in-flight segments, linked or copied)."""
         try:
             for upload, source in plan:
                 if source is not None:
                     copy_file(source, upload.path)
             write_file(manifest_path, json.dumps(manifest).encode())
+            if not in_flight:
+                return [], 0
+            groups = self.ranges[subtask]
+            return channel_state.persist(
+                in_flight, self.channel_dir, target, subtask, (groups.start, groups.end)
+            )
         finally:
             self.backend.release(s for _, s in plan)
+            self.segment_files.release(s.path for s in in_flight)
 
     def _await_copies(self) -> None:
         """Gives snapshot copies in flight a moment before the next round (local copies take
@@ -1030,23 +1153,27 @@ class Agent:
         ]
         manifest = f"{pending.trigger.target_location}/sink-{copy.subtask}.json"
         handles.append(StateHandle(manifest, StateHandleKind.SINK_EPOCH, 0))
+        channel_handles, persisted = copy.future.result()
         self._acknowledge(
-            pending, subtask, handles,
-            state_size=sum(u.size for u, _ in copy.plan),
-            checkpointed=sum(u.size for u, source in copy.plan if source is not None),
+            pending, subtask, handles + channel_handles,
+            state_size=sum(u.size for u, _ in copy.plan) + persisted,
+            checkpointed=sum(u.size for u, source in copy.plan if source is not None) + persisted,
             sync_ms=copy.sync_ms,
             async_ms=int((time.monotonic() - copy.started) * 1000),
+            persisted=persisted, unaligned=copy.unaligned,
         )  # fmt: skip
 
     def _acknowledge(
         self, pending: PendingSnapshot, subtask: str, handles: list[StateHandle], *,
         state_size: int, checkpointed: int, sync_ms: int, async_ms: int,
+        persisted: int = 0, unaligned: bool = False,
     ) -> None:  # fmt: skip
         """Publishes a subtask's acknowledgement; alignment is 0 for sources (they snapshot at
-        the trigger, before any alignment)."""
+        the trigger, before any alignment). ``persisted``: bytes of in-flight records written
+        as channel state (Flink's persistedData)."""
         ack = AcknowledgeCheckpoint(
             self.job_id, pending.trigger.checkpoint_id, subtask, self.attempt, now_ms(), handles,
-            state_size, pending.aligned_ms, sync_ms, async_ms, 0, False, checkpointed,
+            state_size, pending.aligned_ms, sync_ms, async_ms, persisted, unaligned, checkpointed,
             pending.processed.get(subtask, 0), agent_id=self.agent_id,
         )  # fmt: skip
         self.publisher.publish_nowait(ACKS, self.job_id, ack)

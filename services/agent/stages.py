@@ -216,6 +216,10 @@ class ProcessTask:
     version: int
     output_path: str
     end_of_input: bool = False
+    segment_key_groups: list[tuple[int, int] | None] | None = None
+    """Per segment, the key groups whose rows it holds for this subtask (None: all its rows).
+    Restored channel state was written for the old parallelism's subtasks: a file may also
+    hold rows of key groups another subtask owns now, which this one drops."""
 
     def state_file(self, group: int) -> str | None:
         found = self.versions.get(group)
@@ -252,9 +256,19 @@ def load_state(path: str, declared: Mapping[str, StateDescriptor]) -> dict[str, 
     return {name: series.copy() for name, series in frames.items()}
 
 
+def keep_key_groups(frame: pd.DataFrame, groups: tuple[int, int] | None) -> pd.DataFrame:
+    if groups is None or not len(frame):
+        return frame
+    return frame[frame[KEY_GROUP_COLUMN].between(*groups)]
+
+
 def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult:
     declared = function.state
-    frames = [from_ipc(f"{task.channel_dir}/{name}") for name in task.segments]
+    ranges = task.segment_key_groups or [None] * len(task.segments)
+    frames = [
+        keep_key_groups(from_ipc(f"{task.channel_dir}/{name}"), groups)
+        for name, groups in zip(task.segments, ranges, strict=True)
+    ]
     records = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     outputs: list[pd.DataFrame] = []
     new_versions: dict[int, int] = {}

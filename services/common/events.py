@@ -136,6 +136,7 @@ class CheckpointSettings:
     max_concurrent_checkpoints: int | None = None
     tolerable_failed_checkpoints: int | None = None
     aligned_checkpoint_timeout_ms: int | None = None
+    unaligned: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ REST_FIELDS = {
     "maxConcurrentCheckpoints": "max_concurrent_checkpoints",
     "tolerableCheckpointFailureNumber": "tolerable_failed_checkpoints",
     "alignedCheckpointTimeout": "aligned_checkpoint_timeout_ms",
+    "unalignedCheckpoints": "unaligned",
 }
 """The fields of ``PATCH /jobs/:id/checkpoints/configuration`` (FLIP-571 names) and the
 `CheckpointSettings` field each sets."""
@@ -170,6 +171,7 @@ class CheckpointConfig:
             max_concurrent_checkpoints=self.max_concurrent,
             tolerable_failed_checkpoints=self.tolerable_failed,
             aligned_checkpoint_timeout_ms=self.aligned_checkpoint_timeout_ms,
+            unaligned=self.unaligned,
         )
 
     def with_overrides(self, overrides: CheckpointSettings) -> CheckpointConfig:
@@ -183,6 +185,7 @@ class CheckpointConfig:
                 ("max_concurrent", overrides.max_concurrent_checkpoints),
                 ("tolerable_failed", overrides.tolerable_failed_checkpoints),
                 ("aligned_checkpoint_timeout_ms", overrides.aligned_checkpoint_timeout_ms),
+                ("unaligned", overrides.unaligned),
             )
             if value is not None
         }

@@ -21,6 +21,7 @@ OPTION_TO_REST = {
     PREFIX + "max-concurrent-checkpoints": "maxConcurrentCheckpoints",
     PREFIX + "tolerable-failed-checkpoints": "tolerableCheckpointFailureNumber",
     PREFIX + "aligned-checkpoint-timeout": "alignedCheckpointTimeout",
+    PREFIX + "unaligned.enabled": "unalignedCheckpoints",
 }
 
 MAX_COUNT = 2**31 - 1
@@ -40,6 +41,9 @@ class ConfigurationUpdate(BaseModel):
     maxConcurrentCheckpoints: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     tolerableCheckpointFailureNumber: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     alignedCheckpointTimeout: int | None = Field(default=None, ge=0, le=MAX_ID)
+    unalignedCheckpoints: bool | None = None
+    """Unaligned checkpoints on or off from the next checkpoint (needs EXACTLY_ONCE and max
+    concurrent checkpoints 1)."""
 
     def settings(self) -> CheckpointSettings:
         return CheckpointSettings(

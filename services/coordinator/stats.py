@@ -100,6 +100,14 @@ class CheckpointEntry:
         return self.snapshot_type.is_savepoint
 
     @property
+    def is_unaligned(self) -> bool:
+        """Taken unaligned by any subtask (one that starts aligned under an aligned-checkpoint
+        timeout counts once it switched); before any acknowledgement, what was asked for."""
+        if any(a.unaligned for a in self.acknowledgements.values()):
+            return True
+        return self.unaligned and not self.acknowledgements
+
+    @property
     def latest_ack_ms(self) -> int:
         return max(
             (a.ack_timestamp for a in self.acknowledgements.values()), default=self.trigger_ms
@@ -122,7 +130,7 @@ class CheckpointEntry:
     def checkpoint_type(self) -> str:
         if self.is_savepoint:
             return "SAVEPOINT" if self.snapshot_type is SnapshotType.SAVEPOINT else "SYNC_SAVEPOINT"
-        return "UNALIGNED_CHECKPOINT" if self.unaligned else "CHECKPOINT"
+        return "UNALIGNED_CHECKPOINT" if self.is_unaligned else "CHECKPOINT"
 
     def to_json(self) -> dict[str, Any]:
         class_name = {
@@ -147,7 +155,7 @@ class CheckpointEntry:
             "num_subtasks": len(self.subtasks),
             "num_acknowledged_subtasks": len(self.acknowledgements),
             "checkpoint_type": self.checkpoint_type(),
-            "unaligned": self.unaligned,
+            "unaligned": self.is_unaligned,
             "tasks": {},
         }
         if self.status == COMPLETED:

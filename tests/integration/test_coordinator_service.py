@@ -407,7 +407,11 @@ def test_a_savepoint_directory_outside_the_roots_is_400(
 def test_lifecycle_events_and_metrics(coordinator: Running, codec: EventCodec) -> None:
     agent = coordinator.agent(
         codec,
-        configuration=periodic(interval="200ms", timeout="400ms"),
+        configuration=periodic(
+            interval="200ms",
+            timeout="400ms",  # tolerated: an expiry must not fail the job over (no triggers then)
+            **{"execution.checkpointing.tolerable-failed-checkpoints": "3"},
+        ),
         script=lambda t, s: Answer(Action.HANG if t.checkpoint_id == 2 else Action.ACK),
     )
     agent.wait_for(

@@ -92,3 +92,18 @@ def test_unprocessed_offsets_are_the_oldest_fetch_of_each_partition(tmp_path: Pa
     assert c.unprocessed_from() == {("t", 0): 100, ("t", 1): 40}
     c.consumed(c.take(1))
     assert c.unprocessed_from() == {("t", 0): 150, ("t", 1): 40}
+
+
+def test_before_barrier_is_what_an_unaligned_snapshot_carries(tmp_path: Path) -> None:
+    c = Channel(0)
+    c.append("a", 1, 10)
+    c.append("b", 1, 10)
+    c.add_barrier(7)
+    c.append("c", 1, 10)
+    taken = c.take(10)  # a round in flight: its segments stay queued until it completes
+
+    assert [s.path for s in taken] == ["a", "b"]
+    assert [s.path for s in c.before_barrier(7)] == ["a", "b"]
+    assert [s.path for s in c.before_barrier(8)] == ["a", "b", "c"]  # no barrier: everything
+    c.consumed(taken)
+    assert c.before_barrier(7) == [] and c.aligned(7)

@@ -1,0 +1,125 @@
+"""Channel state: the records an unaligned snapshot carries, written and read back (Flink's
+``ChannelStateWriter`` and its rescaling of channel state on restore).
+
+A keyed subtask's channel state is the run of segment files between its last completed state
+and the checkpoint's barrier, in order. Segment files are immutable, so a snapshot does not
+rewrite them: each is hard-linked into the checkpoint's directory where channel and checkpoint
+storage share a local file system (no bytes move), and copied otherwise. A manifest per subtask,
+``channel-<i>.json``, lists them in order with their rows and the key groups the subtask owned:
+
+    {"format": 1, "key_groups": [0, 63],
+     "segments": [{"file": "channel-0000-00000.arrow", "rows": 812, "bytes": 50123,
+                   "key_groups": [0, 63]}, ...]}
+
+A segment's ``key_groups`` are those whose rows in the file are this subtask's: a file restored
+with another parallelism may also hold rows of key groups another subtask owns, and a snapshot
+links the whole file again. On restore, each new subtask takes, in the old subtasks' order, the
+files whose key groups overlap its own, and stage 2 keeps only the rows of the overlap
+(segments carry each row's key group). Channel state is processed before any new input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.agent.channels import Segment
+from services.agent.state import copy_file, read_file, write_file
+from services.common.events import StateHandle, StateHandleKind
+from services.common.keygroups import KeyGroupRange
+
+MANIFEST_FORMAT = 1
+
+
+def manifest_name(subtask: int) -> str:
+    return f"channel-{subtask:04d}.json"
+
+
+def link_or_copy(source: str, target: str) -> None:
+    """A hard link where both are local paths on one file system, else a copy."""
+    if "://" not in source and "://" not in target:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            os.link(source, target)
+            return
+        except OSError:  # another file system, or links not supported
+            shutil.copyfile(source, target)
+            return
+    copy_file(source, target)
+
+
+def persist(
+    segments: list[Segment],
+    channel_dir: str,
+    target_location: str,
+    subtask: int,
+    key_groups: tuple[int, int],
+) -> tuple[list[StateHandle], int]:
+    """Writes one subtask's channel state into a checkpoint directory: its segments (linked or
+    copied) and its manifest. Returns the state handles (manifest first) and the bytes of
+    in-flight records persisted."""
+    entries = []
+    handles = []
+    for k, segment in enumerate(segments):
+        name = f"channel-{subtask:04d}-{k:05d}.arrow"
+        link_or_copy(f"{channel_dir}/{segment.path}", f"{target_location}/{name}")
+        groups = segment.key_groups or key_groups
+        entries.append(
+            {"file": name, "rows": segment.rows, "bytes": segment.size, "key_groups": list(groups)}
+        )
+        path = f"{target_location}/{name}"
+        handles.append(StateHandle(path, StateHandleKind.CHANNEL_STATE, segment.size, *groups))
+    manifest = json.dumps(
+        {"format": MANIFEST_FORMAT, "key_groups": list(key_groups), "segments": entries}
+    ).encode()
+    path = f"{target_location}/{manifest_name(subtask)}"
+    write_file(path, manifest)
+    handle = StateHandle(path, StateHandleKind.CHANNEL_STATE, len(manifest), *key_groups)
+    return [handle, *handles], sum(s.size for s in segments)
+
+
+@dataclass(frozen=True)
+class ChannelStateFile:
+    """One segment of a restored snapshot's channel state."""
+
+    old_subtask: int
+    order: int
+    path: str
+    rows: int
+    size: int
+    key_groups: tuple[int, int]
+
+
+def read_manifest(path: str, old_subtask: int) -> list[ChannelStateFile]:
+    """The segments a ``channel-<i>.json`` lists, as paths beside it."""
+    data = json.loads(read_file(path))
+    if data.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{path}: unknown channel state format {data.get('format')!r}")
+    directory = path.rsplit("/", 1)[0]
+    start, end = data["key_groups"]
+    files = []
+    for k, entry in enumerate(data["segments"]):
+        path = f"{directory}/{entry['file']}"
+        rows, size = int(entry["rows"]), int(entry["bytes"])
+        first, last = entry.get("key_groups", (start, end))
+        files.append(ChannelStateFile(old_subtask, k, path, rows, size, (int(first), int(last))))
+    return files
+
+
+def assign(
+    files: list[ChannelStateFile], ranges: Sequence[KeyGroupRange]
+) -> dict[int, list[ChannelStateFile]]:
+    """Each new subtask's share: the files of every old subtask whose key groups overlap its own,
+    in the old subtasks' order and each one's file order."""
+    ordered = sorted(files, key=lambda f: (f.old_subtask, f.order))
+    out: dict[int, list[ChannelStateFile]] = {}
+    for subtask, groups in enumerate(ranges):
+        mine = [
+            f for f in ordered if f.key_groups[0] <= groups.end and groups.start <= f.key_groups[1]
+        ]
+        if mine:
+            out[subtask] = mine
+    return out

@@ -1,0 +1,151 @@
+"""Unaligned checkpoints on the real broker and real Spark: a slow stage 2 keeps records queued
+in the channels, so a checkpoint that waited for alignment would wait for them. Unaligned ones
+carry them as channel state instead; restores (also rescaled) process it before new input and
+the committed output is still exactly the reference."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from services.agent.runtime import Agent
+from services.common.events import JobStatus
+from tests import agent_jobs
+from tests.agent_jobs import Slow, build
+from tests.integration.test_agent import (
+    Output,
+    agent_process,
+    coordinator,
+    difference,
+    expected,
+    in_process,
+    killed,
+    payments_topic,
+    read_output,
+    unique,
+)
+from tests.running_coordinator import Running
+
+pytestmark = pytest.mark.spark
+__all__ = ["coordinator", "expected", "payments_topic"]  # the module's fixtures, as test_agent's
+
+UNALIGNED = {
+    "execution.checkpointing.unaligned.enabled": "true",
+    "execution.checkpointing.aligned-checkpoint-timeout": "0ms",
+}
+SLOW_MS = 4
+"""Per key-group batch: a round of a subtask's 64 key groups takes about 250 ms, while stage 1
+fetches a round in tens: records queue in the channels."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def functions_travel_by_value() -> None:
+    """The slow function lives in a test module Spark's workers cannot import."""
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[agent_jobs.__name__])  # type: ignore[no-untyped-call]
+
+
+def queued_channel_state(stderr: str) -> int:
+    found = re.findall(r"(\d+) segments of channel state queued ahead of new input", stderr)
+    return sum(int(n) for n in found)
+
+
+def test_unaligned_checkpoints_through_kills_and_rescales_2_4_1_commit_exactly_the_reference(
+    coordinator: Running,
+    payments_topic: str,
+    expected: list[Output],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every checkpoint unaligned at once; killed after its fourth completed checkpoint (the
+    first ones may come before the first round) with state and records queued, restored with
+    parallelism 4 (each new subtask keeps its own rows of the old subtasks' channel state),
+    killed again, then run to the end with parallelism 1."""
+    monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED))
+    monkeypatch.setenv("TEST_SLOW_MS", str(SLOW_MS))
+    name, output = unique("unaligned"), unique("stats")
+
+    first = agent_process(
+        coordinator, name, payments_topic, output, crash_at="after-complete:4", max_records=400
+    )
+    assert killed(first), first.stderr[-3000:]
+    second = agent_process(
+        coordinator, name, payments_topic, output, "--restore", "latest", "--parallelism", "4",
+        crash_at="after-complete:4", max_records=400,
+    )  # fmt: skip
+    assert killed(second), second.stderr[-3000:]
+    third = agent_process(
+        coordinator, name, payments_topic, output, "--restore", "latest", "--parallelism", "1",
+        max_records=400,
+    )  # fmt: skip
+    assert third.returncode == 0, third.stderr[-3000:]
+
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+    assert queued_channel_state(second.stderr) > 0, "the first restore had channel state"
+    assert queued_channel_state(third.stderr) > 0, "the second restore had channel state"
+    assert re.search(r"parallelism 1, [1-9]\d* key groups restored", third.stderr), "and state"
+    with coordinator.client() as client:
+        history = client.get(f"/jobs/{name}/checkpoints").json()["history"]
+    unaligned = [c for c in history if c["checkpoint_type"] == "UNALIGNED_CHECKPOINT"]
+    assert unaligned and all(c["unaligned"] for c in unaligned)
+    assert any(c["persisted_data"] > 0 for c in unaligned), "in-flight records were persisted"
+
+
+def test_the_aligned_timeout_switches_checkpoints_and_a_patch_turns_unaligned_off(
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
+) -> None:
+    """Aligned first, unaligned once alignment takes longer than 20 ms; a PATCH that would allow
+    concurrent unaligned checkpoints is refused naming the field; a PATCH turning unaligned off
+    makes the next checkpoints aligned. The output stays exact throughout."""
+    output = unique("stats")
+    settings = {
+        "execution.checkpointing.unaligned.enabled": "true",
+        "execution.checkpointing.aligned-checkpoint-timeout": "20ms",
+        "execution.checkpointing.interval": "300ms",
+    }
+    job = build(unique("switching"), payments_topic, output, max_records=100, settings=settings)
+    job = replace(job, function=Slow(SLOW_MS))
+    client = coordinator.client()
+    turned_off: list[int] = []
+    refusals: list[str] = []
+
+    def unaligned_seen(agent: Agent) -> bool:
+        history = client.get(f"/jobs/{job.id}/checkpoints").json()["history"]
+        return any(
+            c["status"] == "COMPLETED" and c["checkpoint_type"] == "UNALIGNED_CHECKPOINT"
+            for c in history
+        )
+
+    def turn_off_once_switched(agent: Agent) -> None:
+        if turned_off or not agent.completed_checkpoints or not unaligned_seen(agent):
+            return
+        path = f"/jobs/{job.id}/checkpoints/configuration"
+        refused = client.patch(path, json={"maxConcurrentCheckpoints": 2})
+        assert refused.status_code == 400, refused.text
+        refusals.append(refused.text)
+        answer = client.patch(path, json={"unalignedCheckpoints": False})
+        assert answer.status_code == 200, answer.text
+        turned_off.append(agent.highest_trigger)
+
+    agent = in_process(job, coordinator, spark)
+    agent.on_round = turn_off_once_switched
+    status = agent.run()
+
+    assert status is JobStatus.FINISHED
+    assert turned_off, "an unaligned checkpoint completed before the end"
+    assert "maxConcurrentCheckpoints" in refusals[0] or "max concurrent" in refusals[0]
+    history = client.get(f"/jobs/{job.id}/checkpoints").json()["history"]
+    client.close()
+    after = [
+        c for c in history if c["id"] > turned_off[0] + 1 and c["status"] == "COMPLETED"
+    ]  # the trigger after the PATCH may have been on its way
+    assert after, "checkpoints completed after the PATCH"
+    assert all(c["checkpoint_type"] == "CHECKPOINT" for c in after), after
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
