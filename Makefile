@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck unit bench chaos lock clean
+.PHONY: install run test lint typecheck unit bench peers chaos lock clean
 
 install: $(STAMP)
 
@@ -37,7 +37,20 @@ bench: install
 	$(BIN)/python bench/coordinator_core.py
 	$(BIN)/python bench/coordinator_latency.py
 	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/unaligned.py
 	$(BIN)/python bench/failover.py
+	$(MAKE) peers
+
+# sparkpoint against quixstreams and bytewax (bench/peers.py). The peers get a venv of their
+# own: quixstreams needs an older confluent-kafka than sparkpoint pins.
+PEERS := .venv-peers
+$(PEERS)/.installed: bench/peers-requirements.txt
+	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install --quiet --disable-pip-version-check -r bench/peers-requirements.txt
+	touch $@
+
+peers: install $(PEERS)/.installed
+	$(BIN)/python bench/peers.py
 
 # Kill-point and bad-event campaigns (bench/chaos.py): long, never part of `make test`.
 chaos: install
@@ -53,4 +66,4 @@ lock:
 	rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PEERS) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,49 @@
+"""What the three job scripts of bench/peers.py share (standard library only: they run in two
+virtual environments): their command line, the consumer settings the embedded broker needs, and
+the one JSON line each prints at its end for the benchmark to read."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+RESULT_PREFIX = "PEERS-RESULT "
+"""Marks the line with a job's figures in its stdout (the systems log there too)."""
+
+EMBEDDED_BROKER_CONSUMER = {
+    # tansu holds every fetch for the whole fetch.wait.max.ms, and a group join for half the
+    # session timeout: librdkafka's defaults (500 ms, 45 s) would make every peer wait on it.
+    "fetch.wait.max.ms": 10,
+    "session.timeout.ms": 6000,
+    "heartbeat.interval.ms": 1000,
+}
+
+
+def arguments(description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--input", required=True, help="input topic")
+    parser.add_argument("--output", required=True, help="output topic")
+    parser.add_argument("--records", type=int, required=True, help="records in the input topic")
+    parser.add_argument("--work-dir", required=True, help="state, recovery or checkpoint dir")
+    parser.add_argument("--name", required=True, help="job name / consumer group, unique per run")
+    return parser.parse_args()
+
+
+class Clock:
+    """Monotonic marks of one run. CLOCK_MONOTONIC is system-wide on Linux, so the benchmark
+    compares them with the moment it launched this process."""
+
+    def __init__(self) -> None:
+        self.first_record: float | None = None
+        self.done: float | None = None
+
+    def record_seen(self) -> None:
+        if self.first_record is None:
+            self.first_record = time.monotonic()
+
+
+def report(figures: dict[str, Any]) -> None:
+    print(RESULT_PREFIX + json.dumps(figures), flush=True)
