@@ -11,9 +11,9 @@ One round of the loop:
    stage 1 runs as one Spark job (one task per partition) and appends segments to the channels;
 3. stage 2 runs as one Spark job (one task per subtask with queued records), never past a
    barrier: new state versions and the round's output (staged for the current epoch);
-4. a checkpoint whose barrier every channel has reached is snapshotted: the key groups' state
-   files are copied (only changed ones when incremental) by a thread pool, and each subtask
-   acknowledges as soon as its part is durable.
+4. a checkpoint whose barrier every channel has reached (or, unaligned, at once or once the
+   aligned-checkpoint timeout ran out) is snapshotted: services.agent.snapshots owns the
+   snapshot, the acknowledgements, completions and aborts.
 
 Subtasks: ``source-<i>`` (the positions of the partitions it owns) and ``keyed-<i>`` (its key
 groups and its part of the staged sink output), i < parallelism.
@@ -22,7 +22,6 @@ groups and its part of the staged sink output), i < parallelism.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import posixpath
 import shutil
@@ -34,7 +33,6 @@ import traceback
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,14 +41,12 @@ from confluent_kafka import TopicPartition
 from fsspec.core import url_to_fs
 
 from services.agent import channel_state
-from services.agent.alignment import BarrierPolicy, Decision
 from services.agent.channels import DEFAULT_CAPACITY_BYTES, Channel, Segment, SegmentFiles
 from services.agent.faults import crash_point
 from services.agent.formats import JsonValues, ValueFormat
 from services.agent.job import FileSink, FileSource, Job, KafkaSink, KafkaSource
 from services.agent.membership import Membership, RegistrationRefused, Superseded
 from services.agent.restore import (
-    SOURCE_FORMAT,
     Restored,
     load,
     resolve_latest,
@@ -58,6 +54,7 @@ from services.agent.restore import (
 from services.agent.sinks import EpochCommitter, SinkWriter, unpublished
 from services.agent.sinks.files import FileSinkWriter
 from services.agent.sinks.kafka import KafkaSinkWriter
+from services.agent.snapshots import Copy, PendingSnapshot, SubtaskCheckpointing, now_ms
 from services.agent.sources.files import FileSourceReader
 from services.agent.sources.kafka import KafkaSourceReader
 from services.agent.stages import (
@@ -71,30 +68,21 @@ from services.agent.stages import (
 )
 from services.agent.state import (
     StateBackend,
-    Upload,
     Version,
-    copy_file,
     delete_files,
     job_dirs,
     working_path,
-    write_file,
 )
 from services.agent.traffic import DriverTraffic
 from services.common.avro import EventCodec
 from services.common.checkpoint_store import latest_store_record
 from services.common.events import (
-    AcknowledgeCheckpoint,
-    CheckpointFailureReason,
-    DeclineCheckpoint,
     FailoverRequest,
     JobRegistered,
     JobStatus,
     JobStatusChanged,
     NotifyCheckpointAborted,
     NotifyCheckpointComplete,
-    SnapshotType,
-    StateHandle,
-    StateHandleKind,
     Subtask,
     TriggerCheckpoint,
 )
@@ -110,9 +98,9 @@ from services.common.keygroups import key_group_range
 from services.common.limits import MAX_TEXT
 from services.common.options import in_families, normalise, without_effect
 from services.common.restarts import RestartConfig
-from services.common.settings import CheckpointConfig, CheckpointingMode, RecoveryConfig
+from services.common.settings import CheckpointConfig, RecoveryConfig
 from services.common.storage import absolute
-from services.common.topics import ACKS, CONTROL, JOBS
+from services.common.topics import CONTROL, JOBS
 
 log = logging.getLogger(__name__)
 
@@ -133,15 +121,8 @@ MAX_STACKTRACE = 64 * 1024
 MAX_ROWS_PER_ROUND = 250_000
 """Rows a stage-2 task takes from its channel per round: bounds a round's latency and memory."""
 
-COPY_WAIT_S = 0.5
-"""How long the loop waits for snapshot copies before it goes on with the next round."""
-
 COPY_THREADS = 4
 """Threads copying state files for snapshots (the asynchronous phase): I/O bound."""
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -167,44 +148,6 @@ class AgentOptions:
     """``execution.state-recovery.claim-mode`` over the job's (CLAIM or NO_CLAIM)."""
 
 
-Plan = list[tuple[Upload, str | None]]
-"""What a subtask's snapshot references, and the working file each new copy is made from."""
-
-
-@dataclass
-class Copy:
-    """One keyed subtask's snapshot in its asynchronous phase."""
-
-    subtask: int
-    future: Future[tuple[list[StateHandle], int]]
-    """Resolves to the channel-state handles written (unaligned snapshots) and their bytes."""
-    plan: Plan
-    sync_ms: int
-    started: float
-    unaligned: bool = False
-
-    def new_files(self) -> list[str]:
-        return [upload.path for upload, source in self.plan if source is not None]
-
-
-@dataclass
-class PendingSnapshot:
-    trigger: TriggerCheckpoint
-    received: float
-    final: bool
-    """Taken after the end of a bounded input: its completion finishes the job."""
-    acked: set[str] = field(default_factory=set)
-    copies: list[Copy] = field(default_factory=list)
-    snapshotted: bool = False
-    aligned_ms: int = 0
-    policy: BarrierPolicy | None = None
-    """How its barrier is handled (None: at-least-once, snapshot at the trigger)."""
-    unaligned: bool = False
-    processed: dict[str, int] = field(default_factory=dict)
-    """Bytes each keyed subtask processed between the trigger and its alignment (Flink's
-    processedData)."""
-
-
 class Restart(Exception):
     """A failover request: restart the job from its latest completed checkpoint."""
 
@@ -213,7 +156,7 @@ class Restart(Exception):
         self.path = path
 
 
-class Agent:
+class Agent(SubtaskCheckpointing):
     def __init__(self, job: Job, options: AgentOptions, codec: EventCodec, spark: Any = None):
         self.job = job
         self.options = options
@@ -950,7 +893,7 @@ class Agent:
         log.info("job %s: end of input; asking for the final checkpoint", self.job_id)
         self._announce(JobStatus.RUNNING, end_of_input=True)
 
-    # --- the checkpoint protocol -----------------------------------------------------------------
+    # --- the checkpoint protocol (services.agent.snapshots) ----------------------------------------
 
     def _on_control(self, event: object) -> bool:
         """Handles one control event; true when the job ended."""
@@ -966,319 +909,11 @@ class Agent:
             raise Restart(event.restore_external_path)
         return False
 
-    def _on_trigger(self, trigger: TriggerCheckpoint) -> None:
-        checkpoint_id = trigger.checkpoint_id
-        if checkpoint_id <= self.highest_trigger:
-            return  # read again, or older than the restored checkpoint
-        self.highest_trigger = checkpoint_id
-        pending = PendingSnapshot(trigger, time.monotonic(), final=self.end_of_input)
-        self.pending[checkpoint_id] = pending
-        at_least_once = (
-            self.config.mode is CheckpointingMode.AT_LEAST_ONCE
-            and not trigger.snapshot_type.is_savepoint
-        )
-        positions = self._unprocessed_positions() if at_least_once else None
-        if not at_least_once:
-            pending.policy = BarrierPolicy.for_trigger(
-                trigger.unaligned, trigger.aligned_checkpoint_timeout_ms,
-                trigger.snapshot_type.is_savepoint, pending.received * 1000,
-            )  # fmt: skip
-            for channel in self.channels:
-                channel.add_barrier(checkpoint_id)
-        # sources snapshot at once: exactly-once, their positions are where the barrier enters
-        # the channels; at-least-once, where the oldest record not yet processed was read
-        for i in range(self.parallelism):
-            path = f"{trigger.target_location}/source-{i}.json"
-            snapshot = {
-                "format": SOURCE_FORMAT,
-                "positions": self.source.snapshot(i, positions),
-                "end_of_input": self.end_of_input,
-            }
-            data = json.dumps(snapshot).encode()
-            started = time.monotonic()
-            write_file(path, data)
-            handle = StateHandle(path, StateHandleKind.SOURCE_POSITIONS, len(data))
-            self._acknowledge(
-                pending, f"source-{i}", [handle], state_size=len(data), checkpointed=len(data),
-                sync_ms=int((time.monotonic() - started) * 1000), async_ms=0,
-            )  # fmt: skip
-
-        if at_least_once:
-            self._snapshot(checkpoint_id, pending)  # no alignment: the state as it stands
-        elif pending.policy is not None and pending.policy.at_once:
-            self._snapshot(checkpoint_id, pending, unaligned=True)  # no wait for the rounds
-
-    def _unprocessed_positions(self) -> dict[tuple[str, int], int]:
-        """Where an at-least-once snapshot's sources restart: before every record still queued
-        (those processed meanwhile are processed again after a restore, never lost)."""
-        positions = dict(self.source.positions)
-        for channel in self.channels:
-            for partition, offset in channel.unprocessed_from().items():
-                positions[partition] = min(positions.get(partition, offset), offset)
-        return positions
-
-    def _snapshot_due(self) -> None:
-        """Snapshots the checkpoints whose barriers are aligned, or whose aligned-checkpoint
-        timeout ran out (they go unaligned), oldest first."""
-        now = time.monotonic() * 1000
-        for checkpoint_id in sorted(self.pending):
-            pending = self.pending[checkpoint_id]
-            if pending.snapshotted:
-                continue
-            aligned = all(c.aligned(checkpoint_id) for c in self.channels)
-            policy = pending.policy
-            decision = policy.decide(aligned, now) if policy else Decision.ALIGNED
-            if decision is Decision.WAIT:
-                return  # barriers are in order: a later one cannot be aligned before this one
-            if decision is Decision.UNALIGNED:
-                log.info(
-                    "job %s: checkpoint %d not aligned after %d ms: switching to unaligned",
-                    self.job_id, checkpoint_id, policy.timeout_ms if policy else 0,
-                )  # fmt: skip
-            self._snapshot(checkpoint_id, pending, unaligned=decision is Decision.UNALIGNED)
-
-    def _snapshot(
-        self, checkpoint_id: int, pending: PendingSnapshot, unaligned: bool = False
-    ) -> None:
-        """Seals the epoch and snapshots every keyed subtask: the state of the rounds that
-        completed so far and, unaligned, the segments still before the barrier (the round in
-        flight included) as channel state. Copies run on the copier threads."""
-        trigger = pending.trigger
-        pending.snapshotted = True
-        pending.unaligned = unaligned
-        pending.aligned_ms = int((time.monotonic() - pending.received) * 1000)
-        in_flight = {
-            i: channel.before_barrier(checkpoint_id) if unaligned else []
-            for i, channel in enumerate(self.channels)
-        }
-        for channel in self.channels:
-            channel.remove_barrier(checkpoint_id)
-        self.sealed[checkpoint_id] = self.unsealed
-        self.unsealed = []
-        full = trigger.snapshot_type is not SnapshotType.CHECKPOINT
-        incremental = self.config.incremental and not full
-        for i, groups in enumerate(self.ranges):
-            started = time.monotonic()
-            plan = self.backend.plan(
-                checkpoint_id, groups, incremental, trigger.target_location, self.shared_dir
-            )
-            manifest = {
-                str(epoch): sorted(path for subtask, path in outputs if subtask == i)
-                for epoch, outputs in self.sealed.items()
-            }
-            if trigger.snapshot_type.is_savepoint:
-                manifest = self._self_contained(manifest, trigger.target_location)
-            self.segment_files.pin(s.path for s in in_flight[i])
-            future = self.copier.submit(
-                self._copy, plan, f"{trigger.target_location}/sink-{i}.json", manifest,
-                i, in_flight[i], trigger.target_location,
-            )  # fmt: skip
-            sync_ms = int((time.monotonic() - started) * 1000)
-            pending.copies.append(Copy(i, future, plan, sync_ms, time.monotonic(), unaligned))
-        log.debug(
-            "job %s: checkpoint %d aligned after %d ms",
-            self.job_id,
-            checkpoint_id,
-            pending.aligned_ms,
-        )
-
-    def _self_contained(self, manifest: dict[str, list[str]], target: str) -> dict[str, list[str]]:
-        """A savepoint keeps copies of the staged output it names (relative paths inside it), so
-        it restores anywhere, even where this agent's working files are gone. Copied now: the
-        committer may publish and delete the originals at any moment after this round."""
-        kept: dict[str, list[str]] = {}
-        for epoch, outputs in manifest.items():
-            kept[epoch] = []
-            for path in outputs:
-                name = f"sink/{posixpath.basename(path)}"
-                copy_file(path, f"{target}/{name}")
-                kept[epoch].append(name)
-        return kept
-
-    def _copy(
-        self, plan: Plan, manifest_path: str, manifest: dict[str, list[str]],
-        subtask: int, in_flight: list[Segment], target: str,
-    ) -> tuple[list[StateHandle], int]:  # fmt: skip
-        """A keyed subtask's asynchronous phase: new state files, its sink manifest, and its
-        channel state (unaligned: the in-flight segments, linked or copied)."""
-        try:
-            for upload, source in plan:
-                if source is not None:
-                    copy_file(source, upload.path)
-            write_file(manifest_path, json.dumps(manifest).encode())
-            if not in_flight:
-                return [], 0
-            groups = self.ranges[subtask]
-            return channel_state.persist(
-                in_flight, self.channel_dir, target, subtask, (groups.start, groups.end)
-            )
-        finally:
-            self.backend.release(s for _, s in plan)
-            self.segment_files.release(s.path for s in in_flight)
-
-    def _await_copies(self) -> None:
-        """Gives snapshot copies in flight a moment before the next round (local copies take
-        milliseconds; a round takes hundreds): acknowledgements then go out this round, while
-        slow storage still never holds the loop up for long."""
-        futures = [copy.future for p in self.pending.values() for copy in p.copies]
-        if futures:
-            wait_for(futures, timeout=COPY_WAIT_S)
-
-    def _send_acks(self) -> None:
-        """Acknowledges (or declines) every keyed snapshot whose copies finished."""
-        for copy in [c for c in self.orphans if c.future.done()]:
-            delete_files(copy.new_files())
-        self.orphans = [c for c in self.orphans if not c.future.done()]
-        for checkpoint_id in sorted(self.pending):
-            pending = self.pending[checkpoint_id]
-            for copy in [c for c in pending.copies if c.future.done()]:
-                self._answer(pending, copy)
-            pending.copies = [c for c in pending.copies if not c.future.done()]
-
-    def _answer(self, pending: PendingSnapshot, copy: Copy) -> None:
-        subtask = f"keyed-{copy.subtask}"
-        error = copy.future.exception()
-        if error is not None:
-            log.error(
-                "job %s: snapshot %d of %s failed: %s",
-                self.job_id, pending.trigger.checkpoint_id, subtask, error,
-            )  # fmt: skip
-            self._decline(
-                pending, subtask, CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION, str(error)
-            )
-            return
-        handles = [
-            StateHandle(u.path, StateHandleKind.KEYED_STATE, u.size, u.group, u.group, u.shared)
-            for u, _ in copy.plan
-        ]
-        manifest = f"{pending.trigger.target_location}/sink-{copy.subtask}.json"
-        handles.append(StateHandle(manifest, StateHandleKind.SINK_EPOCH, 0))
-        channel_handles, persisted = copy.future.result()
-        self._acknowledge(
-            pending, subtask, handles + channel_handles,
-            state_size=sum(u.size for u, _ in copy.plan) + persisted,
-            checkpointed=sum(u.size for u, source in copy.plan if source is not None) + persisted,
-            sync_ms=copy.sync_ms,
-            async_ms=int((time.monotonic() - copy.started) * 1000),
-            persisted=persisted, unaligned=copy.unaligned,
-        )  # fmt: skip
-
-    def _acknowledge(
-        self, pending: PendingSnapshot, subtask: str, handles: list[StateHandle], *,
-        state_size: int, checkpointed: int, sync_ms: int, async_ms: int,
-        persisted: int = 0, unaligned: bool = False,
-    ) -> None:  # fmt: skip
-        """Publishes a subtask's acknowledgement; alignment is 0 for sources (they snapshot at
-        the trigger, before any alignment). ``persisted``: bytes of in-flight records written
-        as channel state (Flink's persistedData)."""
-        ack = AcknowledgeCheckpoint(
-            self.job_id, pending.trigger.checkpoint_id, subtask, self.attempt, now_ms(), handles,
-            state_size, pending.aligned_ms, sync_ms, async_ms, persisted, unaligned, checkpointed,
-            pending.processed.get(subtask, 0), agent_id=self.agent_id,
-        )  # fmt: skip
-        self.publisher.publish_nowait(ACKS, self.job_id, ack)
-        pending.acked.add(subtask)
-        if len(pending.acked) == len(self.subtasks):
-            self.publisher.flush(10)
-            crash_point("after-ack")
-        self.publisher.producer.poll(0)
-
-    def _decline(
-        self, pending: PendingSnapshot, subtask: str, reason: CheckpointFailureReason, message: str
-    ) -> None:
-        decline = DeclineCheckpoint(
-            self.job_id,
-            pending.trigger.checkpoint_id,
-            subtask,
-            self.attempt,
-            reason,
-            now_ms(),
-            message,
-            agent_id=self.agent_id,
-        )
-        self.declined_checkpoints.append(pending.trigger.checkpoint_id)
-        self.publisher.publish_nowait(ACKS, self.job_id, decline)
-        self.publisher.producer.poll(0)
-
-    def _on_complete(self, event: NotifyCheckpointComplete) -> bool:
-        checkpoint_id = event.checkpoint_id
-        pending = self.pending.get(checkpoint_id)
-        if pending is None or not self._completed_on_storage(pending, event):
-            return False
-        del self.pending[checkpoint_id]
-        self.backend.complete(checkpoint_id, event.is_savepoint)
-        crash_point("after-complete")
-        log.info("job %s: checkpoint %d completed", self.job_id, checkpoint_id)
-        for epoch in sorted(e for e in self.sealed if e <= checkpoint_id):
-            outputs = self.sealed.pop(epoch)
-            if outputs:
-                self.committer.submit(epoch, [path for _, path in outputs])
-        self.completed_checkpoints.append(checkpoint_id)
-        if not event.is_savepoint:
-            self.latest_completed = event.external_path
-        for older in [c for c in self.pending if c < checkpoint_id and self.pending[c].snapshotted]:
-            # subsumed (Flink's notifyCheckpointComplete covers earlier checkpoints)
-            self.orphans += self.pending.pop(older).copies
-        if pending.trigger.snapshot_type in (
-            SnapshotType.SAVEPOINT_SUSPEND,
-            SnapshotType.SAVEPOINT_TERMINATE,
-        ):
-            log.info("job %s: stopped with savepoint %s", self.job_id, event.external_path)
-            return self._end(JobStatus.FINISHED)
-        if pending.final:
-            log.info("job %s: final checkpoint %d completed", self.job_id, checkpoint_id)
-            return self._end(JobStatus.FINISHED)
-        return False
-
-    def _completed_on_storage(
-        self, pending: PendingSnapshot, event: NotifyCheckpointComplete
-    ) -> bool:
-        """A completion commits sink output, so it is checked against storage first: the
-        coordinator writes ``_metadata`` before it says so, where the trigger said it would."""
-        where = pending.trigger.target_location
-        try:
-            fs, path = url_to_fs(f"{where}/_metadata")
-            found = event.external_path == where and fs.exists(path)
-        except OSError as exc:
-            log.warning("job %s: checking %s/_metadata failed: %s", self.job_id, where, exc)
-            found = False
-        if not found:
-            log.error(
-                "job %s: completion of checkpoint %d ignored: no _metadata at %s (the notice names %s)",
-                self.job_id, event.checkpoint_id, where, event.external_path,
-            )  # fmt: skip
-        return found
-
     def _end(self, status: JobStatus) -> bool:
         self.committer.drain()  # the job ends once every completed epoch is visible
         self._announce(status)
         self.status = status
         return True
-
-    def _on_aborted(self, event: NotifyCheckpointAborted) -> None:
-        checkpoint_id = event.checkpoint_id
-        self.aborted_checkpoints.append(checkpoint_id)
-        self.backend.abort(checkpoint_id)
-        pending = self.pending.pop(checkpoint_id, None)
-        if pending is not None:
-            for channel in self.channels:
-                channel.remove_barrier(checkpoint_id)
-            self.orphans += pending.copies
-        outputs = self.sealed.pop(checkpoint_id, None)
-        if outputs:  # the epoch folds into the next one
-            later = sorted(e for e in self.sealed if e > checkpoint_id)
-            if later:
-                self.sealed[later[0]] = outputs + self.sealed[later[0]]
-            else:
-                self.unsealed = outputs + self.unsealed
-        if pending is not None and pending.final:
-            log.info(
-                "job %s: final checkpoint %d aborted (%s); waiting for the next",
-                self.job_id,
-                checkpoint_id,
-                event.reason.name,
-            )
-            self._announce(JobStatus.RUNNING, end_of_input=True)
 
 
 def remove_tree(url: str) -> None:
