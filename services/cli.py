@@ -70,6 +70,20 @@ REACH_TIMEOUT_S = 10.0
 """How long a command waits for Kafka to answer before it says it cannot reach it."""
 
 
+def with_topics(servers: str) -> str:
+    """The servers, once the broker is known to have every sparkpoint topic."""
+    from services.common.kafka import make_admin
+    from services.common.topics import missing_topics
+
+    missing = missing_topics(make_admin(servers))
+    if missing:
+        raise OperationFailed(
+            f"Kafka at {servers} lacks the sparkpoint topics {', '.join(missing)}: create them "
+            f"first with `sparkpoint topics create --bootstrap {servers}`"
+        )
+    return servers
+
+
 def reachable(bootstrap: str | None) -> str:
     """The bootstrap servers to use, once they answered a metadata request."""
     servers = bootstrap_servers(bootstrap)
@@ -124,7 +138,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     from services.coordinator.main import run
 
     run(
-        reachable(args.bootstrap),
+        with_topics(reachable(args.bootstrap)),
         args.rest_host,
         args.rest_port,
         args.config,
@@ -145,7 +159,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
             raise OperationFailed(f"--conf {setting!r}: expected spark.KEY=VALUE")
         spark_settings[key] = value
     options = AgentOptions(
-        reachable(args.bootstrap),
+        with_topics(reachable(args.bootstrap)),
         parallelism=args.parallelism,
         restore=args.restore,
         allow_non_restored_state=args.allow_non_restored_state,

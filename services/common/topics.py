@@ -159,6 +159,12 @@ def create_topics(
     return states
 
 
+def missing_topics(admin: AdminClient, prefix: str | None = None) -> list[str]:
+    """The sparkpoint topics the broker does not have (under the current prefix)."""
+    present = set(admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics)
+    return [spec.name(prefix) for spec in ALL_TOPICS if spec.name(prefix) not in present]
+
+
 def describe_cleanup_policies(admin: AdminClient, names: list[str]) -> dict[str, str]:
     resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in names]
     futures = admin.describe_configs(resources, request_timeout=ADMIN_TIMEOUT_S)

@@ -110,6 +110,19 @@ def test_an_unreachable_broker_is_one_clear_line_and_exit_1() -> None:
     assert "cannot reach Kafka at 127.0.0.1:" in result.stderr
 
 
+@pytest.mark.parametrize("command", ["coordinator", "agent"])
+def test_without_the_topics_coordinator_and_agent_say_how_to_create_them(
+    kafka: KafkaUnderTest, command: str
+) -> None:
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    args = ["example"] if command == "agent" else []
+    result = sparkpoint(command, *args, "--bootstrap", kafka.bootstrap, prefix=prefix)
+
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"lacks the sparkpoint topics {prefix}" in result.stderr
+    assert f"sparkpoint topics create --bootstrap {kafka.bootstrap}" in result.stderr
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["topics", "--help"], ["demo", "--help"]])
 def test_help_is_available(argv: list[str]) -> None:
     result = sparkpoint(*argv)
