@@ -697,7 +697,7 @@ class Agent(SubtaskCheckpointing):
             self._start_fetch()  # stage 1 of the next round runs while stage 2 of this one does
             busy |= self._start_process()
             self._snapshot_due()
-            self._await_copies()
+            self._await_copies([f for f in (self._fetching, self._processing) if f is not None])
             self._send_acks()
             self.backend.collect_garbage()
             if (

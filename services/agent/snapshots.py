@@ -16,9 +16,11 @@ import json
 import logging
 import posixpath
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
+from typing import Any
 
 from fsspec.core import url_to_fs
 
@@ -287,13 +289,14 @@ class SubtaskCheckpointing:
             self.backend.release(s for _, s in plan)
             self.segment_files.release(s.path for s in in_flight)
 
-    def _await_copies(self) -> None:
-        """Gives snapshot copies in flight a moment before the next round (local copies take
-        milliseconds; a round takes hundreds): acknowledgements then go out this round, while
-        slow storage still never holds the loop up for long."""
-        futures = [copy.future for p in self.pending.values() for copy in p.copies]
+    def _await_copies(self, stages: Sequence[Future[Any]] = ()) -> None:
+        """Waits for the first snapshot copy in flight to finish (local copies take
+        milliseconds), so its acknowledgement goes out at once; a stage that finishes first
+        ends the wait (the next round is not held up), and slow storage never holds the loop
+        for long."""
+        futures: list[Future[Any]] = [c.future for p in self.pending.values() for c in p.copies]
         if futures:
-            wait_for(futures, timeout=COPY_WAIT_S)
+            wait_for([*futures, *stages], timeout=COPY_WAIT_S, return_when=FIRST_COMPLETED)
 
     def _send_acks(self) -> None:
         """Acknowledges (or declines) every keyed snapshot whose copies finished."""

@@ -681,14 +681,24 @@ def test_a_second_agent_for_a_running_job_exits_with_a_clear_message_and_changes
     coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
 ) -> None:
     name, output = unique("twice"), unique("stats")
-    job = build(name, payments_topic, output, max_records=25)
+    job = build(name, payments_topic, output, max_records=100)
     first = in_process(job, coordinator, spark)
+    second_done = threading.Event()
+    # the first agent holds after its first round (its heartbeats go on) until the second one
+    # has been answered: it is certainly running meanwhile
+
+    def hold(agent: Agent) -> None:
+        if agent.rounds:
+            second_done.wait(180)
+
+    first.on_round = hold
     result: list[JobStatus] = []
     thread = threading.Thread(target=lambda: result.append(first.run()), daemon=True)
     thread.start()
     wait(lambda: name in coordinator.service.jobs, timeout_s=120, what="the first agent runs")
 
-    second = agent_process(coordinator, name, payments_topic, output, max_records=25)
+    second = agent_process(coordinator, name, payments_topic, output, max_records=100)
+    second_done.set()
     thread.join(240)
 
     assert second.returncode == 1, second.stderr[-3000:]
