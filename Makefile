@@ -54,6 +54,7 @@ peers: install $(PEERS)/.installed
 
 # Kill-point and bad-event campaigns (bench/chaos.py): long, never part of `make test`.
 chaos: install
+	$(BIN)/pytest -m campaign tests/e2e/test_chaos.py
 	$(BIN)/python bench/chaos.py --kill-points 100
 	$(BIN)/python bench/chaos.py --events 10000
 

@@ -483,6 +483,8 @@ class Campaign:
                 job.process = None
                 if code == 0:
                     job.finished = True
+                elif code == -signal.SIGKILL and job.armed:
+                    job.armed = None  # its crash point, armed before the campaign ended: expected
                 else:
                     self.problems.append(f"{job.name} agent exited with {code} while finishing")
                     self._start_agent(job)

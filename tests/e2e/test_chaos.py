@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.campaign]
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
