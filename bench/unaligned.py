@@ -61,6 +61,8 @@ BACKLOG_S = 30
 PARALLELISM = 2
 ROWS_PER_ROUND = 1_000
 """Per subtask: a round takes half a second at the throttled rate."""
+FETCH_RECORDS = 1_000
+"""Per partition and fetch (6 partitions)."""
 START_CAPACITY_BYTES = 256 * 1024
 """Until stage 2's rate is known: the first fetches queue little, the backlog grows from there."""
 DEMO_RATE = 2_000
@@ -185,8 +187,9 @@ def run(
     throttled: bool = True,
 ) -> dict[str, Any]:
     job = example_job(name, topic, f"{name}-out", bounded=False, settings=BASE | settings)
-    if throttled:
-        job = replace(job, function=Throttled(ROWS_PER_SECOND / PARALLELISM))
+    if throttled:  # fetches of a second's worth: the backlog grows by them, up to the cap
+        source = replace(job.source, max_records_per_partition=FETCH_RECORDS)
+        job = replace(job, source=source, function=Throttled(ROWS_PER_SECOND / PARALLELISM))
     agent = Agent(
         job,
         AgentOptions(
