@@ -332,16 +332,7 @@ class EventSubscriber:
         self.consumer.assign(partitions)
 
     def poll(self, timeout_s: float = 1.0, max_records: int = 500) -> list[Received]:
-        """Up to ``max_records`` records, returning as soon as one arrived (within ``timeout_s``)
-        with whatever else is already fetched. (``Consumer.consume`` alone waits out its whole
-        timeout unless ``max_records`` arrive: tens of milliseconds per hop on the control and
-        acknowledgement paths.)"""
-        first = self.consumer.poll(timeout_s)
-        if first is None:
-            return []
-        messages = (
-            [first, *self.consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
-        )
+        messages = self.consumer.consume(max_records, timeout_s)
         return [r for r in (self._decode(m) for m in messages) if r is not None]
 
     async def poll_async(self, timeout_s: float = 1.0, max_records: int = 500) -> list[Received]:
