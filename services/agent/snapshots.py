@@ -98,6 +98,15 @@ class PendingSnapshot:
     processedData)."""
 
 
+def split_done(copies: list[Copy]) -> tuple[list[Copy], list[Copy]]:
+    """(finished, still running), each copy looked at once."""
+    finished = [c.future.done() for c in copies]
+    return (
+        [c for c, f in zip(copies, finished, strict=True) if f],
+        [c for c, f in zip(copies, finished, strict=True) if not f],
+    )
+
+
 class SubtaskCheckpointing:
     """Snapshot, acknowledge, complete, abort: for every subtask of the agent's job."""
 
@@ -299,15 +308,17 @@ class SubtaskCheckpointing:
             wait_for([*futures, *stages], timeout=COPY_WAIT_S, return_when=FIRST_COMPLETED)
 
     def _send_acks(self) -> None:
-        """Acknowledges (or declines) every keyed snapshot whose copies finished."""
-        for copy in [c for c in self.orphans if c.future.done()]:
+        """Acknowledges (or declines) every keyed snapshot whose copies finished. Copies finish
+        on other threads: each is judged done once, so one finishing meanwhile is answered on
+        the next call, never dropped unanswered."""
+        done, self.orphans = split_done(self.orphans)
+        for copy in done:
             delete_files(copy.new_files())
-        self.orphans = [c for c in self.orphans if not c.future.done()]
         for checkpoint_id in sorted(self.pending):
             pending = self.pending[checkpoint_id]
-            for copy in [c for c in pending.copies if c.future.done()]:
+            done, pending.copies = split_done(pending.copies)
+            for copy in done:
                 self._answer(pending, copy)
-            pending.copies = [c for c in pending.copies if not c.future.done()]
 
     def _answer(self, pending: PendingSnapshot, copy: Copy) -> None:
         subtask = f"keyed-{copy.subtask}"
