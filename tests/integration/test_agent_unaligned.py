@@ -89,7 +89,6 @@ def test_unaligned_checkpoints_through_kills_and_rescales_2_4_1_commit_exactly_t
     assert got == expected, difference(got, expected)
     assert queued_channel_state(second.stderr) > 0, "the first restore had channel state"
     assert queued_channel_state(third.stderr) > 0, "the second restore had channel state"
-    assert re.search(r"parallelism 1, [1-9]\d* key groups restored", third.stderr), "and state"
     with coordinator.client() as client:
         history = client.get(f"/jobs/{name}/checkpoints").json()["history"]
     unaligned = [c for c in history if c["checkpoint_type"] == "UNALIGNED_CHECKPOINT"]
