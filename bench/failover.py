@@ -15,7 +15,6 @@ bench/results/failover.json.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import sys
@@ -27,20 +26,17 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from recording import percentiles, write_results
+from recording import percentiles, start_coordinator, write_results
 
 from services.agent.example import PaymentStats, example_job, generate, payments, reference_output
 from services.agent.job import KafkaSink, KafkaSource, KeyedState
 from services.agent.runtime import Agent, AgentOptions
 from services.agent.spark import spark_session
 from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker, free_port
+from services.common.broker import EmbeddedBroker
 from services.common.events import CheckpointEventType, CheckpointLifecycleEvent
-from services.common.kafka import make_admin, replay_topic
-from services.common.settings import CheckpointConfig
-from services.common.topics import CHECKPOINT_EVENTS, create_topics
-from services.coordinator.main import serve
-from services.coordinator.service import CoordinatorService, ServiceSettings
+from services.common.kafka import replay_topic
+from services.common.topics import CHECKPOINT_EVENTS
 
 RECORDS = 400_000
 FAILURES = 20
@@ -76,15 +72,7 @@ def main() -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap
-        create_topics(make_admin(bootstrap), partitions=4)
-        defaults = CheckpointConfig(
-            checkpoint_dir=str(root / "checkpoints"), savepoint_dir=str(root / "savepoints")
-        )
-        service = CoordinatorService(ServiceSettings(bootstrap, defaults))
-        threading.Thread(
-            target=lambda: asyncio.run(serve(service, "127.0.0.1", free_port())), daemon=True
-        ).start()
-        service.ready.wait(30)
+        service = start_coordinator(bootstrap, root, partitions=4)
         generate(bootstrap, "payments", RECORDS)
         spark = spark_session("sparkpoint-bench-failover", "local[2]")
         failover = failovers(bootstrap, codec, spark, root)

@@ -33,14 +33,12 @@ Figures per system:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -51,10 +49,10 @@ import numpy as np
 import pandas as pd
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
-from recording import percentiles, write_results
+from recording import percentiles, start_coordinator, write_results
 
 from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker, free_port
+from services.common.broker import EmbeddedBroker
 from services.common.events import CheckpointEventType, CheckpointLifecycleEvent
 from services.common.kafka import (
     ConsumerProfile,
@@ -65,10 +63,7 @@ from services.common.kafka import (
     replay_topic,
     true_end_offset,
 )
-from services.common.settings import CheckpointConfig
-from services.common.topics import CHECKPOINT_EVENTS, create_topics
-from services.coordinator.main import serve
-from services.coordinator.service import CoordinatorService, ServiceSettings
+from services.common.topics import CHECKPOINT_EVENTS
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "peers"
@@ -293,20 +288,6 @@ def run_job(
         tail = "\n".join(lines[-30:])
         raise RuntimeError(f"{script} exited {code} without figures; log {log}:\n{tail}")
     return Run(launched, json.loads(figures[-1]))
-
-
-def start_coordinator(bootstrap: str, root: Path) -> CoordinatorService:
-    create_topics(make_admin(bootstrap), partitions=6)
-    defaults = CheckpointConfig(
-        checkpoint_dir=str(root / "checkpoints"), savepoint_dir=str(root / "savepoints")
-    )
-    service = CoordinatorService(ServiceSettings(bootstrap, defaults))
-    threading.Thread(
-        target=lambda: asyncio.run(serve(service, "127.0.0.1", free_port())), daemon=True
-    ).start()
-    if not service.ready.wait(30):
-        raise RuntimeError("the coordinator did not come up within 30 s")
-    return service
 
 
 def checkpoint_durations(bootstrap: str, job_id: str) -> list[int]:

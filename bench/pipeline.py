@@ -21,31 +21,26 @@ Figures:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from recording import percentiles, write_results
+from recording import percentiles, start_coordinator, write_results
 
 from services.agent.example import example_job, generate
 from services.agent.runtime import Agent, AgentOptions
 from services.agent.spark import spark_session
 from services.agent.standalone import StandaloneCluster
 from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker, free_port
+from services.common.broker import EmbeddedBroker
 from services.common.events import CheckpointEventType, CheckpointLifecycleEvent
-from services.common.kafka import make_admin, replay_topic
-from services.common.settings import CheckpointConfig
-from services.common.topics import CHECKPOINT_EVENTS, create_topics
-from services.coordinator.main import serve
-from services.coordinator.service import CoordinatorService, ServiceSettings
+from services.common.kafka import replay_topic
+from services.common.topics import CHECKPOINT_EVENTS
 
 RECORDS = 1_000_000
 SETTINGS = {
@@ -156,15 +151,7 @@ def main() -> None:
     os.environ["SPARKPOINT_TOPIC_PREFIX"] = f"b{uuid.uuid4().hex[:8]}."
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap
-        create_topics(make_admin(bootstrap), partitions=6)
-        defaults = CheckpointConfig(
-            checkpoint_dir=str(root / "checkpoints"), savepoint_dir=str(root / "savepoints")
-        )
-        service = CoordinatorService(ServiceSettings(bootstrap, defaults))
-        threading.Thread(
-            target=lambda: asyncio.run(serve(service, "127.0.0.1", free_port())), daemon=True
-        ).start()
-        service.ready.wait(30)
+        service = start_coordinator(bootstrap, root, partitions=6)
 
         started = time.monotonic()
         generate(bootstrap, "payments", records)

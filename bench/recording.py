@@ -48,3 +48,29 @@ def write_results(name: str, results: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")
     return path
+
+
+def start_coordinator(bootstrap: str, root: Path, partitions: int = 6) -> Any:
+    """The sparkpoint topics, and a coordinator service on a thread of this process with its
+    storage roots under ``root`` (checkpoints/, savepoints/); returns the running service."""
+    import asyncio
+    import threading
+
+    from services.common.broker import free_port
+    from services.common.kafka import make_admin
+    from services.common.settings import CheckpointConfig
+    from services.common.topics import create_topics
+    from services.coordinator.main import serve
+    from services.coordinator.service import CoordinatorService, ServiceSettings
+
+    create_topics(make_admin(bootstrap), partitions=partitions)
+    defaults = CheckpointConfig(
+        checkpoint_dir=str(root / "checkpoints"), savepoint_dir=str(root / "savepoints")
+    )
+    service = CoordinatorService(ServiceSettings(bootstrap, defaults))
+    threading.Thread(
+        target=lambda: asyncio.run(serve(service, "127.0.0.1", free_port())), daemon=True
+    ).start()
+    if not service.ready.wait(30):
+        raise RuntimeError("the coordinator did not come up within 30 s")
+    return service

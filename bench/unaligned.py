@@ -22,7 +22,6 @@ the same run, throughput within 10% of aligned; the demo shape with unaligned p5
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
 import statistics
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from recording import percentiles, write_results
+from recording import percentiles, start_coordinator, write_results
 
 from services.agent.channels import DEFAULT_CAPACITY_BYTES
 from services.agent.example import PaymentStats, example_job, generate
@@ -43,17 +42,14 @@ from services.agent.job import KeyedState
 from services.agent.runtime import MAX_ROWS_PER_ROUND, Agent, AgentOptions
 from services.agent.spark import spark_session
 from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker, free_port
+from services.common.broker import EmbeddedBroker
 from services.common.events import (
     AcknowledgeCheckpoint,
     CheckpointEventType,
     CheckpointLifecycleEvent,
 )
-from services.common.kafka import make_admin, replay_topic
-from services.common.settings import CheckpointConfig
-from services.common.topics import ACKS, CHECKPOINT_EVENTS, create_topics
-from services.coordinator.main import serve
-from services.coordinator.service import CoordinatorService, ServiceSettings
+from services.common.kafka import replay_topic
+from services.common.topics import ACKS, CHECKPOINT_EVENTS
 
 ROWS_PER_SECOND = 4_000
 """Stage 2's throttled rate, over both subtasks."""
@@ -254,15 +250,7 @@ def main() -> None:
     os.environ["SPARKPOINT_TOPIC_PREFIX"] = f"b{uuid.uuid4().hex[:8]}."
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap
-        create_topics(make_admin(bootstrap), partitions=6)
-        defaults = CheckpointConfig(
-            checkpoint_dir=str(root / "checkpoints"), savepoint_dir=str(root / "savepoints")
-        )
-        service = CoordinatorService(ServiceSettings(bootstrap, defaults))
-        threading.Thread(
-            target=lambda: asyncio.run(serve(service, "127.0.0.1", free_port())), daemon=True
-        ).start()
-        service.ready.wait(30)
+        service = start_coordinator(bootstrap, root, partitions=6)
         started = time.monotonic()
         generate(bootstrap, "payments", records)
         print(f"generated {records:,} payments in {time.monotonic() - started:.1f} s")
