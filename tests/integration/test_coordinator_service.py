@@ -96,6 +96,8 @@ def test_a_manual_checkpoint_is_answered_with_its_id(
             )
         )
         answer = client.get(f"/jobs/{agent.job_id}/checkpoints/{request_id}").json()
+    # COMPLETED on REST precedes the notification's arrival at the agent
+    agent.wait_for(lambda: bool(agent.completed), what="the completion notification")
     agent.stop()
     assert bad.status_code == 400 and "checkpointType" in bad.json()["errors"][0]
     assert answer["operation"]["checkpointId"] == agent.completed[0].checkpoint_id
