@@ -33,10 +33,13 @@ KEY_GROUP_COLUMN = "_key_group"
 
 IDLE_POLLS = 3
 """Empty polls in a row after which a task stops reading a partition that has no more data
-(with fetch.wait.max.ms 10, about 30 ms): the driver only schedules partitions whose high
+(3 x `POLL_WAIT_S`): the driver only schedules partitions whose high
 watermark is above the position, so idleness here means the end was reached."""
 
 POLL_BATCH = 10_000
+
+POLL_WAIT_S = 0.05
+"""How long a stage-1 read waits for the next record before counting an idle poll."""
 
 
 # --- stage 1 ------------------------------------------------------------------------------------
@@ -111,10 +114,14 @@ def read_range(task: FetchTask) -> tuple[list[bytes], list[bytes | None], list[i
         while len(values) < task.max_records and idle < IDLE_POLLS:
             if task.end is not None and next_offset >= task.end:
                 break
-            messages = consumer.consume(min(POLL_BATCH, task.max_records - len(values)), 0.1)
-            if not messages:
+            # the first record within the poll wait, then what is already fetched: consume()
+            # alone waits out its whole timeout unless the batch fills
+            first = consumer.poll(POLL_WAIT_S)
+            if first is None:
                 idle += 1
                 continue
+            wanted = min(POLL_BATCH, task.max_records - len(values)) - 1
+            messages = [first, *consumer.consume(wanted, 0)] if wanted > 0 else [first]
             idle = 0
             eof = False
             for message in messages:

@@ -52,6 +52,9 @@ HEARTBEAT_INTERVAL_MS = 1000
 DELIVERY_TIMEOUT_MS = 30_000
 """How long librdkafka retries a produce before it reports the record as failed."""
 
+TAIL_IDLE_S = 0.05
+"""Reading a partition's last batch: once records came, this long without more ends the read."""
+
 
 class ConsumerProfile(enum.Enum):
     LIVE = 10
@@ -332,7 +335,16 @@ class EventSubscriber:
         self.consumer.assign(partitions)
 
     def poll(self, timeout_s: float = 1.0, max_records: int = 500) -> list[Received]:
-        messages = self.consumer.consume(max_records, timeout_s)
+        """Up to ``max_records`` records, returning as soon as one arrived (within ``timeout_s``)
+        with whatever else is already fetched. (``Consumer.consume`` alone waits out its whole
+        timeout unless ``max_records`` arrive: up to a poll timeout per hop on the control and
+        acknowledgement paths, and per read of a small topic.)"""
+        first = self.consumer.poll(timeout_s)
+        if first is None:
+            return []
+        messages = (
+            [first, *self.consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
+        )
         return [r for r in (self._decode(m) for m in messages) if r is not None]
 
     async def poll_async(self, timeout_s: float = 1.0, max_records: int = 500) -> list[Received]:
@@ -489,15 +501,12 @@ def true_end_offset(consumer: Consumer, topic: str, partition: int, timeout_s: f
         return int(high)
     consumer.assign([TopicPartition(topic, partition, high - 1)])
     end = high
+    first = consumer.poll(timeout_s)  # the fetch that answers brings the whole last batch
+    messages = [first] if first is not None else []
     deadline = time.monotonic() + timeout_s
-    idle = 0
-    while time.monotonic() < deadline and idle < 3:
-        messages = consumer.consume(10_000, 0.1)
-        if not messages:
-            idle += 1
-            continue
-        idle = 0
+    while messages and time.monotonic() < deadline:
         for message in messages:
             if message.error() is None:
                 end = max(end, int(message.offset() or 0) + 1)
+        messages = consumer.consume(10_000, TAIL_IDLE_S)
     return int(end)
