@@ -213,6 +213,8 @@ class Agent(SubtaskCheckpointing):
             for i in range(self.parallelism)
         ]
         self.source: KafkaSourceReader | FileSourceReader
+        self.source_ends: dict[tuple[str, int], int] = {}
+        """A bounded Kafka source's end offsets, kept across restarts in this process."""
         self.control: EventSubscriber
         self.channel_dir = (
             f"{options.channel_dir.rstrip('/')}/{self.job_id}-{self.agent_id}"
@@ -274,7 +276,9 @@ class Agent(SubtaskCheckpointing):
         source = self.job.source
         if isinstance(source, FileSource):
             return FileSourceReader(source, self.parallelism)
-        return KafkaSourceReader(source, self.options.bootstrap, self.parallelism)
+        return KafkaSourceReader(
+            source, self.options.bootstrap, self.parallelism, ends=self.source_ends
+        )
 
     @property
     def _value_format(self) -> ValueFormat:
@@ -292,7 +296,10 @@ class Agent(SubtaskCheckpointing):
 
     def _warm_up(self) -> None:
         """Starts Spark and its Python workers before the job registers: a session takes 10 s or
-        more to its first result, and triggers must not wait for that."""
+        more to its first result, and triggers must not wait for that. A restart in this process
+        finds them warm."""
+        if self.running_once:
+            return
         sc = self._spark().sparkContext
         if self.handle_signals:  # after the SparkContext: it installs a SIGINT handler of its own
             install_signal_handlers(self)
@@ -432,6 +439,9 @@ class Agent(SubtaskCheckpointing):
     def _reset(self) -> None:
         """After a failure: completed epochs made visible where possible (the restore publishes
         the rest), the sink and the committer renewed, sources and channels let go."""
+        if self.spark is not None:  # the rounds in flight are read again after the restore
+            with contextlib.suppress(Exception):
+                self.traffic.cancel_open(self.spark.sparkContext)
         for running in (self._fetching, self._processing):
             if running is not None:
                 with contextlib.suppress(Exception):  # read and processed again after the restore
@@ -610,9 +620,9 @@ class Agent(SubtaskCheckpointing):
             if posixpath.basename(str(entry).rstrip("/")) != mine:
                 fs.rm(entry, recursive=True)
         for directory in (self.state_dir, self.sink_dir):  # this agent's own, after a restart
-            fs, path = url_to_fs(directory)
-            if fs.exists(path):
-                fs.rm(path, recursive=True)
+            # a task of the failed attempt may still be writing here (cancelled jobs' Python
+            # workers end a moment later): what it leaves has a round number never used again
+            remove_tree(directory)
         if self.options.channel_dir:  # segments of the job's earlier runs under a shared root
             fs, root = url_to_fs(self.options.channel_dir)
             mine = posixpath.basename(url_to_fs(self.channel_dir)[1])

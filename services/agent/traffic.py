@@ -44,6 +44,14 @@ class DriverTraffic:
         if due:
             self.settle(sc)
 
+    def cancel_open(self, sc: Any) -> None:
+        """Cancels the Spark jobs of every group not yet settled (finished ones ignore it): a
+        failed attempt's rounds in flight, whose records are read again after the restore."""
+        with self._lock:
+            pending = list(self._pending)
+        for group in pending:
+            sc.cancelJobGroup(group)
+
     def settle(self, sc: Any, wait_s: float = 0.0) -> int:
         """Adds the result sizes of finished jobs' stages; returns how many jobs are still open
         (the status store learns of a finished job a moment after it returns). Waits up to

@@ -25,7 +25,9 @@ class KafkaSourceReader:
     parallelism: int
     positions: dict[Partition, int] = field(default_factory=dict)
     ends: dict[Partition, int] = field(default_factory=dict)
-    """Bounded sources: the end offset of every partition, taken when the job started."""
+    """Bounded sources: the end offset of every partition, taken when the job first started in
+    this process and kept across its restarts (as Flink's bounded KafkaSource keeps its stopping
+    offsets in its splits): a restart reads up to the same ends, and does not look them up."""
 
     def __post_init__(self) -> None:
         self.consumer = Consumer(
@@ -54,7 +56,8 @@ class KafkaSourceReader:
                 self.positions[partition] = low
         if self.source.bounded:
             for partition in self.partitions:
-                self.ends[partition] = true_end_offset(self.consumer, *partition)
+                if partition not in self.ends:
+                    self.ends[partition] = true_end_offset(self.consumer, *partition)
             log.info(
                 "bounded source: reading up to %s",
                 {f"{t}[{p}]": e for (t, p), e in self.ends.items()},
