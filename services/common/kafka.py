@@ -52,6 +52,9 @@ HEARTBEAT_INTERVAL_MS = 1000
 DELIVERY_TIMEOUT_MS = 30_000
 """How long librdkafka retries a produce before it reports the record as failed."""
 
+TAIL_FIRST_WAIT_S = 0.3
+"""Reading a partition's last batch: how long to wait for its first record."""
+
 TAIL_IDLE_S = 0.05
 """Reading a partition's last batch: once records came, this long without more ends the read."""
 
@@ -501,7 +504,9 @@ def true_end_offset(consumer: Consumer, topic: str, partition: int, timeout_s: f
         return int(high)
     consumer.assign([TopicPartition(topic, partition, high - 1)])
     end = high
-    first = consumer.poll(timeout_s)  # the fetch that answers brings the whole last batch
+    # the fetch that answers brings the whole last batch; nothing comes when offset high - 1 is
+    # a transaction marker (Apache Kafka), so the first wait is short
+    first = consumer.poll(min(timeout_s, TAIL_FIRST_WAIT_S))
     messages = [first] if first is not None else []
     deadline = time.monotonic() + timeout_s
     while messages and time.monotonic() < deadline:
