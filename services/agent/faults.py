@@ -4,6 +4,8 @@ the agent process with SIGKILL the n-th time (default: first) it passes the name
 - ``mid-batch``: stage 1 of a round fetched records, before stage 2 processed them;
 - ``after-ack``: a checkpoint was acknowledged, before its completion was processed;
 - ``after-complete``: a checkpoint's completion arrived, before the sinks committed its epoch;
+- ``after-complete-in-flight``: the same, counting only checkpoints that persisted in-flight
+  records as channel state (so a restore from it has channel state to process);
 - ``mid-publish``: the Kafka sink's transaction holds half of an epoch's records, not committed.
 
 Nothing happens when the variable is unset.
@@ -15,7 +17,7 @@ import os
 import signal
 import sys
 
-POINTS = ("mid-batch", "after-ack", "after-complete", "mid-publish")
+POINTS = ("mid-batch", "after-ack", "after-complete", "after-complete-in-flight", "mid-publish")
 
 _passes: dict[str, int] = {}
 

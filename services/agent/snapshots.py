@@ -96,6 +96,8 @@ class PendingSnapshot:
     processed: dict[str, int] = field(default_factory=dict)
     """Bytes each keyed subtask processed between the trigger and its alignment (Flink's
     processedData)."""
+    persisted: int = 0
+    """Bytes of in-flight records its subtasks wrote as channel state (Flink's persistedData)."""
 
 
 def split_done(copies: list[Copy]) -> tuple[list[Copy], list[Copy]]:
@@ -339,6 +341,7 @@ class SubtaskCheckpointing:
         manifest = f"{pending.trigger.target_location}/sink-{copy.subtask}.json"
         handles.append(StateHandle(manifest, StateHandleKind.SINK_EPOCH, 0))
         channel_handles, persisted = copy.future.result()
+        pending.persisted += persisted
         self._acknowledge(
             pending, subtask, handles + channel_handles,
             state_size=sum(u.size for u, _ in copy.plan) + persisted,
@@ -393,6 +396,8 @@ class SubtaskCheckpointing:
         del self.pending[checkpoint_id]
         self.backend.complete(checkpoint_id, event.is_savepoint)
         crash_point("after-complete")
+        if pending.persisted:
+            crash_point("after-complete-in-flight")
         log.info("job %s: checkpoint %d completed", self.job_id, checkpoint_id)
         for epoch in sorted(e for e in self.sealed if e <= checkpoint_id):
             outputs = self.sealed.pop(epoch)

@@ -62,21 +62,26 @@ def test_unaligned_checkpoints_through_kills_and_rescales_2_4_1_commit_exactly_t
     expected: list[Output],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Every checkpoint unaligned at once; killed after its fourth completed checkpoint (the
-    first ones may come before the first round) with state and records queued, restored with
-    parallelism 4 (each new subtask keeps its own rows of the old subtasks' channel state),
-    killed again, then run to the end with parallelism 1."""
+    """Every checkpoint unaligned at once; killed after the second completed checkpoint that
+    persisted queued records (whether one does depends on timing, so the kill waits for it),
+    restored with parallelism 4 (each new subtask keeps its own rows of the old subtasks'
+    channel state), killed again the same way, then run to the end with parallelism 1."""
     monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED))
     monkeypatch.setenv("TEST_SLOW_MS", str(SLOW_MS))
     name, output = unique("unaligned"), unique("stats")
 
     first = agent_process(
-        coordinator, name, payments_topic, output, crash_at="after-complete:4", max_records=400
+        coordinator,
+        name,
+        payments_topic,
+        output,
+        crash_at="after-complete-in-flight:2",
+        max_records=400,
     )
     assert killed(first), first.stderr[-3000:]
     second = agent_process(
         coordinator, name, payments_topic, output, "--restore", "latest", "--parallelism", "4",
-        crash_at="after-complete:4", max_records=400,
+        crash_at="after-complete-in-flight:2", max_records=400,
     )  # fmt: skip
     assert killed(second), second.stderr[-3000:]
     third = agent_process(
