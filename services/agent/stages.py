@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from services.agent.formats import JsonValues, ValueFormat
 from services.agent.job import KeyedFunction, KeyedState, MapFunction, StateDescriptor
 from services.agent.state import decode_state, encode_state, read_file, working_path, write_file
-from services.common.kafka import consumer_config
+from services.common.kafka import consumer_config, fetched
 from services.common.keygroups import key_groups, operator_indexes
 
 log = logging.getLogger(__name__)
@@ -114,14 +114,12 @@ def read_range(task: FetchTask) -> tuple[list[bytes], list[bytes | None], list[i
         while len(values) < task.max_records and idle < IDLE_POLLS:
             if task.end is not None and next_offset >= task.end:
                 break
-            # the first record within the poll wait, then what is already fetched: consume()
-            # alone waits out its whole timeout unless the batch fills
-            first = consumer.poll(POLL_WAIT_S)
-            if first is None:
+            messages = fetched(
+                consumer, POLL_WAIT_S, min(POLL_BATCH, task.max_records - len(values))
+            )
+            if not messages:
                 idle += 1
                 continue
-            wanted = min(POLL_BATCH, task.max_records - len(values)) - 1
-            messages = [first, *consumer.consume(wanted, 0)] if wanted > 0 else [first]
             idle = 0
             eof = False
             for message in messages:

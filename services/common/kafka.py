@@ -129,6 +129,18 @@ def consumer_config(
     }
 
 
+def fetched(consumer: Consumer, wait_s: float, max_records: int) -> list[Message]:
+    """Up to ``max_records`` messages: the first to arrive within ``wait_s``, then whatever is
+    already fetched. ``Consumer.consume`` alone waits out its whole timeout unless
+    ``max_records`` arrive."""
+    first = consumer.poll(wait_s)
+    if first is None:
+        return []
+    if max_records <= 1:
+        return [first]
+    return [first, *consumer.consume(max_records - 1, 0)]
+
+
 def make_producer(bootstrap: str, **kwargs: Any) -> Producer:
     return Producer(producer_config(bootstrap, **kwargs))
 
@@ -342,12 +354,7 @@ class EventSubscriber:
         with whatever else is already fetched. (``Consumer.consume`` alone waits out its whole
         timeout unless ``max_records`` arrive: up to a poll timeout per hop on the control and
         acknowledgement paths, and per read of a small topic.)"""
-        first = self.consumer.poll(timeout_s)
-        if first is None:
-            return []
-        messages = (
-            [first, *self.consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
-        )
+        messages = fetched(self.consumer, timeout_s, max_records)
         return [r for r in (self._decode(m) for m in messages) if r is not None]
 
     async def poll_async(self, timeout_s: float = 1.0, max_records: int = 500) -> list[Received]:
@@ -506,8 +513,7 @@ def true_end_offset(consumer: Consumer, topic: str, partition: int, timeout_s: f
     end = high
     # the fetch that answers brings the whole last batch; nothing comes when offset high - 1 is
     # a transaction marker (Apache Kafka), so the first wait is short
-    first = consumer.poll(min(timeout_s, TAIL_FIRST_WAIT_S))
-    messages = [first] if first is not None else []
+    messages = fetched(consumer, min(timeout_s, TAIL_FIRST_WAIT_S), 1)
     deadline = time.monotonic() + timeout_s
     while messages and time.monotonic() < deadline:
         for message in messages:
