@@ -22,13 +22,15 @@ POINTS = ("mid-batch", "after-ack", "after-complete", "after-complete-in-flight"
 _passes: dict[str, int] = {}
 
 
+def armed(point: str) -> bool:
+    """A crash at ``point`` is scripted (for work that only the crash needs, such as a flush)."""
+    return os.environ.get("SPARKPOINT_CRASH_AT", "").partition(":")[0] == point
+
+
 def crash_point(point: str) -> None:
-    wanted = os.environ.get("SPARKPOINT_CRASH_AT")
-    if not wanted:
+    if not armed(point):
         return
-    name, _, count = wanted.partition(":")
-    if name != point:
-        return
+    count = os.environ["SPARKPOINT_CRASH_AT"].partition(":")[2]
     _passes[point] = _passes.get(point, 0) + 1
     if _passes[point] >= int(count or 1):
         sys.stderr.write(f"sparkpoint agent: crash point {point} reached, SIGKILL\n")

@@ -77,7 +77,11 @@ class JsonValues:
             return pd.DataFrame(rows), bad
 
     def encode(self, frame: pd.DataFrame) -> list[bytes]:
-        return [line.encode() for line in frame.to_json(orient="records", lines=True).splitlines()]
+        if not len(frame):
+            return []
+        # one encode, one split: a JSON line holds no raw newline (strings escape it)
+        text: str = frame.to_json(orient="records", lines=True)
+        return text.rstrip("\n").encode().split(b"\n")
 
 
 # --- Avro --------------------------------------------------------------------------------------

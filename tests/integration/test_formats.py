@@ -176,6 +176,18 @@ def test_json_values_decode_in_bulk_and_bad_ones_are_reported() -> None:
     assert JsonValues().encode(frame.head(1)) == [json.dumps(payment(0)).replace(" ", "").encode()]
 
 
+def test_json_values_encode_one_value_per_row_whatever_the_strings_hold() -> None:
+    """Newlines, line and paragraph separators and control characters inside strings stay
+    inside their value; an empty frame encodes to no values."""
+    texts = ["a\nb", "c\r\nd", "e\u2028f\u2029g", "h\x1ci\x85j", "", "ü"]
+    frame = pd.DataFrame({"text": texts, "n": range(len(texts))})
+
+    values = JsonValues().encode(frame)
+
+    assert [json.loads(v) for v in values] == [{"text": t, "n": n} for n, t in enumerate(texts)]
+    assert JsonValues().encode(frame.head(0)) == []
+
+
 def test_raw_and_string_values_keep_keys_and_report_bad_text() -> None:
     values = [b"\x00\xff", "héllo".encode()]
 

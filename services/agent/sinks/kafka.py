@@ -24,7 +24,7 @@ import uuid
 
 from confluent_kafka import Producer
 
-from services.agent.faults import crash_point
+from services.agent.faults import armed, crash_point
 from services.agent.job import DeliveryGuarantee, KafkaSink
 from services.agent.sinks import PublishedEpoch, outputs_digest, read_outputs
 from services.common.avro import EventCodec
@@ -94,28 +94,39 @@ class KafkaSinkWriter:
         frame = read_outputs(outputs)
         if not len(frame):
             return 0
-        keys = frame[self.key_column].astype(str).tolist() if self.key_column in frame else None
-        lines = self.sink.value_format.encode(frame)
-        producer = self.producer
+        values = self.sink.value_format.encode(frame)
+        keys: list[bytes | None] = (
+            [k.encode() for k in frame[self.key_column].astype(str).tolist()]
+            if self.key_column in frame
+            else [None] * len(values)
+        )
         headers: dict[str, str | bytes | None] | None = (
             {TRANSACTION_HEADER: transaction} if transaction else None
         )
-        for i, line in enumerate(lines):
+        halfway = halfway and armed("mid-publish")
+        middle = len(values) // 2 + 1 if halfway else len(values)
+        self._send(values[:middle], keys[:middle], headers)
+        if halfway:  # half of the records delivered, the transaction open
+            self.producer.flush(30)
+            crash_point("mid-publish")
+            self._send(values[middle:], keys[middle:], headers)
+        return len(values)
+
+    def _send(
+        self,
+        values: list[bytes],
+        keys: list[bytes | None],
+        headers: dict[str, str | bytes | None] | None,
+    ) -> None:
+        """Queues records in the producer, waiting for room when its queue is full."""
+        produce, topic = self.producer.produce, self.sink.topic
+        for value, key in zip(values, keys, strict=True):
             while True:
                 try:
-                    producer.produce(
-                        self.sink.topic,
-                        value=line,
-                        key=keys[i].encode() if keys else None,
-                        headers=headers,
-                    )
+                    produce(topic, value=value, key=key, headers=headers)
                     break
                 except BufferError:
-                    producer.poll(0.05)
-            if halfway and i == len(lines) // 2:
-                producer.flush(30)
-                crash_point("mid-publish")
-        return len(lines)
+                    self.producer.poll(0.05)
 
     def publish_epoch(self, epoch: int, outputs: list[str]) -> int:
         producer = self.producer
