@@ -293,8 +293,9 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
             task.versions[group] = task.version
 
     if len(records):
-        for group, batch in records.groupby(KEY_GROUP_COLUMN, sort=True):
-            run(int(group), batch.drop(columns=KEY_GROUP_COLUMN).reset_index(drop=True))
+        groups = records.pop(KEY_GROUP_COLUMN)  # dropped once, not per key group
+        for group, batch in records.groupby(groups, sort=True):
+            run(int(group), batch.reset_index(drop=True))
     if task.end_of_input:
         for group in sorted(task.versions):
             run(group, None)
