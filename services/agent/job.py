@@ -231,6 +231,9 @@ class KafkaSink:
     delivery_guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
     key_column: str | None = None
     value_format: ValueFormat = field(default_factory=JsonValues)
+    properties: Mapping[str, str | int] = field(default_factory=dict)
+    """librdkafka producer settings over sparkpoint's (as Flink's KafkaSink takes producer
+    properties); ``transactional.id`` is the sink's own and cannot be set."""
 
 
 @dataclass(frozen=True)

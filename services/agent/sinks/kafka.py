@@ -81,6 +81,7 @@ class KafkaSinkWriter:
                 transactional_id=transactional_id,
             )
             config["linger.ms"] = 5
+            config |= {k: v for k, v in self.sink.properties.items() if k != "transactional.id"}
             if self.exactly_once:
                 config["transaction.timeout.ms"] = int(TRANSACTION_TIMEOUT_S * 1000)
             self._producer = Producer(config)
@@ -117,9 +118,11 @@ class KafkaSinkWriter:
         values: list[bytes],
         keys: list[bytes | None],
         headers: dict[str, str | bytes | None] | None,
+        topic: str | None = None,
     ) -> None:
-        """Queues records in the producer, waiting for room when its queue is full."""
-        produce, topic = self.producer.produce, self.sink.topic
+        """Queues records in the producer (to the sink's topic unless another is named), waiting
+        for room whenever its queue is full: an epoch may hold more records than the queue."""
+        produce, topic = self.producer.produce, topic or self.sink.topic
         for value, key in zip(values, keys, strict=True):
             while True:
                 try:
@@ -138,8 +141,8 @@ class KafkaSinkWriter:
                 self.job_id, self.sink.topic, epoch, count, self.agent_id, int(time.time() * 1000),
                 outputs_digest=outputs_digest(outputs), transaction=transaction,
             )  # fmt: skip
-            producer.produce(
-                self.markers, value=self.codec.encode(marker), key=self.job_id.encode()
+            self._send(
+                [self.codec.encode(marker)], [self.job_id.encode()], None, topic=self.markers
             )
             producer.commit_transaction(TRANSACTION_TIMEOUT_S)
         except Exception:

@@ -1,0 +1,79 @@
+"""The exactly-once Kafka sink on the real broker: an epoch larger than the producer's queue is
+published whole, with its marker, in one transaction; producer properties reach the producer."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+from confluent_kafka import Consumer, TopicPartition
+
+from services.agent.job import KafkaSink
+from services.agent.sinks.kafka import TRANSACTION_HEADER, KafkaSinkWriter
+from services.agent.stages import to_ipc
+from services.common.avro import EventCodec
+from services.common.kafka import consumer_config, make_admin
+from services.common.topics import create_topics
+from tests.conftest import KafkaUnderTest
+
+QUEUE_MESSAGES = 1_000
+"""The producer's queue in messages (librdkafka's default is 100,000): the epoch is 20x that,
+so the queue is full when the marker comes."""
+
+
+def read_all(bootstrap: str, topic: str, expected: int) -> list[tuple[bytes, bytes, str]]:
+    """(key, value, transaction header) of the records of a one-partition topic: until
+    ``expected`` arrived (or 30 s passed), then whatever more comes within a second."""
+    consumer = Consumer(consumer_config(bootstrap))
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    out: list[tuple[bytes, bytes, str]] = []
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            messages = consumer.consume(50_000, 1.0)
+            for message in messages:
+                if message.error() is None:
+                    token = dict(message.headers() or []).get(TRANSACTION_HEADER) or b""
+                    token = token.decode() if isinstance(token, bytes) else token
+                    out.append((message.key() or b"", message.value() or b"", token))
+            if len(out) >= expected and not messages:
+                break
+        return out
+    finally:
+        consumer.close()
+
+
+def test_an_epoch_larger_than_the_producer_queue_is_published_whole_with_its_marker(
+    kafka: KafkaUnderTest,
+    topic_prefix: str,
+    new_topic: Callable[..., str],
+    codec: EventCodec,
+    tmp_path: Path,
+) -> None:
+    create_topics(make_admin(kafka.bootstrap), partitions=1)
+    topic = new_topic()
+    rows = QUEUE_MESSAGES * 20
+    staged = [tmp_path / "out-1.arrow", tmp_path / "out-2.arrow"]
+    half = rows // 2
+    for i, path in enumerate(staged):
+        ids = range(i * half, (i + 1) * half)
+        frame = pd.DataFrame({"user": [f"u{n % 1000}" for n in ids], "n": list(ids)})
+        path.write_bytes(to_ipc(frame))
+    sink = KafkaSink(topic, properties={"queue.buffering.max.messages": QUEUE_MESSAGES})
+    writer = KafkaSinkWriter(sink, kafka.bootstrap, codec, "job-big", "agent-1", "user")
+    try:
+        count = writer.publish_epoch(7, [str(p) for p in staged])
+        published = writer.published()
+    finally:
+        writer.close()
+
+    assert count == rows
+    assert published is not None and published.epoch == 7
+    records = read_all(kafka.bootstrap, topic, rows)
+    assert sorted(int(value.split(b'"n":')[1].rstrip(b"}")) for _, value, _ in records) == list(
+        range(rows)
+    )
+    assert {key for key, _, _ in records} == {f"u{n}".encode() for n in range(1000)}
+    assert len({token for _, _, token in records}) == 1, "one transaction"
