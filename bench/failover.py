@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from recording import percentiles, start_coordinator, write_results
@@ -71,7 +71,7 @@ def main() -> None:
     os.environ["SPARKPOINT_TOPIC_PREFIX"] = f"f{uuid.uuid4().hex[:8]}."
     from pyspark import cloudpickle
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap
         service = start_coordinator(bootstrap, root, partitions=4)
@@ -99,6 +99,17 @@ def main() -> None:
     print(f"wrote {write_results('failover', results)}")
 
 
+@dataclass
+class Injection:
+    """Where the failure injection of `failovers` stands."""
+
+    next_failure: float
+    restarts: int = 0
+    rows: int = 0
+    armed: bool = False
+    restarted: bool = False
+
+
 def failovers(bootstrap: str, codec: EventCodec, spark: object, root: Path) -> dict[str, object]:
     flag = str(root / "fail-now")
     output = f"failover-out-{uuid.uuid4().hex[:6]}"
@@ -114,27 +125,29 @@ def failovers(bootstrap: str, codec: EventCodec, spark: object, root: Path) -> d
     latencies: list[int] = []
     restarts_ms: list[int] = []
     """From the failure to the restarted job's first loop (restored, registered, running)."""
-    state = {"restarts": 0, "rows": 0, "armed": False, "restarted": False}
-    state["next_failure"] = time.monotonic() + 5
+    state = Injection(next_failure=time.monotonic() + 5)
 
     def watch(running: Agent) -> None:
         """Arms one failure at a time (the flag), and measures it once the restarted job has
         processed records again; the next is armed 2 s later."""
         now = time.monotonic()
-        if running.restarts > state["restarts"]:  # the armed failure fired: restarted
-            state.update(restarts=running.restarts, rows=running.processed_rows, restarted=True)
+        if running.restarts > state.restarts:  # the armed failure fired: restarted
+            state.restarts, state.rows, state.restarted = (
+                running.restarts,
+                running.processed_rows,
+                True,
+            )
             restarts_ms.append(int(time.time() * 1000) - running.last_failure_ms)
             return
-        if state["restarted"] and running.processed_rows > state["rows"]:
+        if state.restarted and running.processed_rows > state.rows:
             latencies.append(int(time.time() * 1000) - running.last_failure_ms)
-            state.update(restarted=False, armed=False, next_failure=now + 2)
+            state.restarted, state.armed, state.next_failure = False, False, now + 2
         if (
-            not state["armed"]
-            and not state["restarted"]
+            not state.armed  # stays armed until the restarted job processed records
             and len(latencies) < FAILURES
-            and now >= state["next_failure"]
+            and now >= state.next_failure
         ):
-            state["armed"] = True
+            state.armed = True
             Path(flag).write_text("fail")
 
     agent.on_round = watch

@@ -104,10 +104,10 @@ class KafkaSinkWriter:
         headers: dict[str, str | bytes | None] | None = (
             {TRANSACTION_HEADER: transaction} if transaction else None
         )
-        halfway = halfway and armed("mid-publish")
-        middle = len(values) // 2 + 1 if halfway else len(values)
+        crash_halfway = halfway and armed("mid-publish")
+        middle = len(values) // 2 + 1 if crash_halfway else len(values)
         self._send(values[:middle], keys[:middle], headers)
-        if halfway:  # half of the records delivered, the transaction open
+        if crash_halfway:  # half of the records delivered, the transaction open
             self.producer.flush(30)
             crash_point("mid-publish")
             self._send(values[middle:], keys[middle:], headers)
