@@ -17,7 +17,10 @@ execution attempt).
 3. **Heartbeats** go out every `HEARTBEAT_INTERVAL_MS` from a thread of their own, so a long
    Spark stage never costs the lease.
 4. **Addressing.** Control events name the agent and attempt they are for; others are dropped,
-   as are events from an older coordinator epoch. Seeing another agent accepted for the job
+   as are events from an older coordinator epoch. A newer epoch is believed only when the
+   coordinator's durable record of the job confirms it (a new owner writes that record before it
+   sends anything to the agent), so one forged event cannot make the agent deaf to the real
+   coordinator. Seeing another agent accepted for the job
    means this one was taken over (it was paused past its lease): it stops at once, without a word
    on the job's status, which is no longer its to give.
 """
@@ -52,6 +55,12 @@ TAKEOVER_CHECK_S = 5.0
 """How often an announcement that another agent took the job over is checked against the
 coordinator's durable record (a flood of forged announcements costs one read per period)."""
 
+EPOCH_CHECK_S = 0.5
+"""How often a control event's claim of a newer coordinator epoch may be checked against the
+coordinator's durable record: a flood of forged epochs costs two reads a second, and a real new
+owner's event that falls within the period is lost at most (its checkpoint expires and is
+triggered again)."""
+
 WAIT_REPORT_S = 10.0
 """How often a registration still waiting for an answer says so."""
 
@@ -77,6 +86,7 @@ class Membership:
         stopping: threading.Event,
         say: Callable[[str], None] = log.warning,
         lookup: Callable[[], CheckpointStoreRecord | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.job_id = job_id
         self.agent_id = agent_id
@@ -91,7 +101,11 @@ class Membership:
         self.superseded = False
         self.lookup = lookup
         """Reads the coordinator's durable record of the job (who drives it)."""
+        self.clock = clock
         self._checked = -TAKEOVER_CHECK_S
+        self._epoch_checked = -EPOCH_CHECK_S
+        self.confirmed_epoch = 0
+        """The newest coordinator epoch the durable record has confirmed."""
         self._beating = threading.Event()
         self._heart: threading.Thread | None = None
 
@@ -112,6 +126,7 @@ class Membership:
                 self.attempt = attempt
                 self.registration = registration
                 self.owner_epoch = max(self.owner_epoch, response.owner_epoch)
+                self.confirmed_epoch = max(self.confirmed_epoch, self.owner_epoch)
                 self.accepted = True
                 return response
             reason = response.reason or "no reason given"
@@ -191,7 +206,7 @@ class Membership:
         record of the job (written in the same transaction as that acceptance), so that a
         stray or forged announcement cannot stop a running job. Checked at most every
         `TAKEOVER_CHECK_S`."""
-        now = time.monotonic()
+        now = self.clock()
         if self.lookup is None or now - self._checked < TAKEOVER_CHECK_S:
             return False
         self._checked = now
@@ -239,5 +254,29 @@ class Membership:
         if event.owner_epoch < self.owner_epoch:
             log.info("job %s: control event from an older coordinator epoch dropped", self.job_id)
             return False
+        if event.owner_epoch > self.owner_epoch and not self._epoch_confirmed(event.owner_epoch):
+            log.warning(
+                "job %s: control event claims coordinator epoch %d, which the coordinator's "
+                "record does not confirm (confirmed: %d); dropped",
+                self.job_id, event.owner_epoch, self.confirmed_epoch,
+            )  # fmt: skip
+            return False
         self.owner_epoch = event.owner_epoch
         return True
+
+    def _epoch_confirmed(self, epoch: int) -> bool:
+        """Whether the durable record of the job (written by a new owner before its first
+        event to the agent) has reached ``epoch``; read at most every `EPOCH_CHECK_S` for
+        claims beyond what it confirmed last."""
+        if self.lookup is None:
+            return True
+        if epoch <= self.confirmed_epoch:
+            return True
+        now = self.clock()
+        if now - self._epoch_checked < EPOCH_CHECK_S:
+            return False
+        self._epoch_checked = now
+        record = self.lookup()
+        if record is not None:
+            self.confirmed_epoch = max(self.confirmed_epoch, record.owner_epoch)
+        return epoch <= self.confirmed_epoch

@@ -1,0 +1,105 @@
+"""What the agent believes of its control events (services/agent/membership.py), on a fake clock:
+an event's claim of a newer coordinator epoch stands only when the coordinator's durable record
+confirms it, so a forged epoch cannot make the agent deaf to the coordinator that drives it."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from services.agent.membership import EPOCH_CHECK_S, Membership
+from services.common.events import (
+    CheckpointStoreRecord,
+    NotifyCheckpointComplete,
+    SnapshotType,
+    TriggerCheckpoint,
+)
+
+pytestmark = pytest.mark.unit
+
+JOB = "payments"
+AGENT = "agent-1"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Record:
+    """The coordinator's durable record of the job, as the agent reads it; counts the reads."""
+
+    def __init__(self, owner_epoch: int) -> None:
+        self.owner_epoch = owner_epoch
+        self.reads = 0
+
+    def __call__(self) -> CheckpointStoreRecord:
+        self.reads += 1
+        return CheckpointStoreRecord(JOB, self.owner_epoch, 5, [], 0, agent_id=AGENT, attempt=0)
+
+
+def membership(record: Record, clock: Clock, epoch: int = 1) -> Membership:
+    member = Membership(JOB, AGENT, None, threading.Event(), lookup=record, clock=clock)  # type: ignore[arg-type]
+    member.owner_epoch = member.confirmed_epoch = epoch  # as its accepted registration said
+    return member
+
+
+def trigger(epoch: int, checkpoint_id: int = 3) -> TriggerCheckpoint:
+    return TriggerCheckpoint(
+        JOB, epoch, checkpoint_id, 0, SnapshotType.CHECKPOINT, True, False, "/tmp/x",
+        agent_id=AGENT, attempt=0,
+    )  # fmt: skip
+
+
+def test_a_forged_epoch_is_dropped_and_the_real_coordinator_is_still_heard() -> None:
+    record, clock = Record(owner_epoch=1), Clock()
+    member = membership(record, clock)
+    forged = NotifyCheckpointComplete(
+        JOB, 2**63 - 7, 3, False, "/etc", 0, agent_id=AGENT, attempt=0
+    )
+    assert not member.hears(forged)
+    assert member.owner_epoch == 1
+    assert member.hears(trigger(1))  # the coordinator that drives the job
+    assert record.reads == 1
+
+
+def test_a_new_owner_confirmed_by_the_record_is_believed() -> None:
+    record, clock = Record(owner_epoch=2), Clock()  # a failover: the new owner wrote its record
+    member = membership(record, clock)
+    assert member.hears(trigger(2))
+    assert member.owner_epoch == 2
+    assert not member.hears(trigger(1))  # the old owner, fenced
+    assert member.hears(trigger(2, checkpoint_id=4))
+    assert record.reads == 1  # confirmed once
+
+
+def test_a_flood_of_forged_epochs_reads_the_record_once_per_period() -> None:
+    record, clock = Record(owner_epoch=1), Clock()
+    member = membership(record, clock)
+    for i in range(1000):
+        assert not member.hears(trigger(2**62 + i))
+    assert record.reads == 1
+    clock.now += EPOCH_CHECK_S
+    record.owner_epoch = 2  # meanwhile a real failover
+    assert member.hears(trigger(2))
+    assert record.reads == 2
+
+
+def test_without_a_record_to_ask_the_epoch_is_taken_as_sent() -> None:
+    member = Membership(JOB, AGENT, None, threading.Event())  # type: ignore[arg-type]
+    assert member.hears(trigger(3))
+    assert member.owner_epoch == 3
+
+
+def test_events_for_another_agent_are_not_heard_and_cost_no_read() -> None:
+    record, clock = Record(owner_epoch=1), Clock()
+    member = membership(record, clock)
+    other = TriggerCheckpoint(
+        JOB, 1, 3, 0, SnapshotType.CHECKPOINT, True, False, "/tmp/x", agent_id="agent-2", attempt=0
+    )
+    assert not member.hears(other)
+    assert record.reads == 0
