@@ -14,9 +14,10 @@ A job is ``source -> stage 1 -> keyed stage 2 -> sink`` (DESIGN.md section 4)::
     )
 
 Stage 1 runs on every fetched batch as a pandas DataFrame. Stage 2 calls the keyed function once
-per key group with that key group's records (in source order) and a `KeyedState` holding the
-key group's state, typed by the function's `state` declarations (value, list and map state).
-Everything is columnar: a function never sees one record at a time.
+per subtask and round with the round's records (many keys; each key's in source order) and a
+`KeyedState` holding the state of their key groups, typed by the function's `state`
+declarations (value, list and map state); the state is kept per key group. Everything is
+columnar: a function never sees one record at a time.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ StateDescriptor = ValueState | ListState | MapState
 
 
 class KeyedState:
-    """The state of one key group while a keyed function runs: each declared state as a pandas
+    """The state of the keys a keyed function was given, while it runs: each declared state as a pandas
     Series, read and replaced a whole column at a time."""
 
     def __init__(self, declared: Mapping[str, StateDescriptor], frames: Mapping[str, pd.Series]):
@@ -158,9 +159,10 @@ def empty_series(descriptor: StateDescriptor) -> pd.Series:
 class KeyedFunction:
     """Stage 2: subclass, declare ``state``, implement ``process``.
 
-    ``process`` gets one key group's records (a DataFrame in source order, with the key column)
-    and its `KeyedState`; it returns the records to emit (a DataFrame, possibly empty) and
-    updates the state in place. ``on_end_of_input`` runs once per key group with state when a
+    ``process`` gets a round's records for one subtask (a DataFrame with the key column, each
+    key's records in source order) and the `KeyedState` of their keys; it returns the records to
+    emit (a DataFrame, possibly empty) and updates the state in place, for the keys it was
+    given only. ``on_end_of_input`` runs once per subtask with the state of all its keys when a
     bounded source has been read to its end (Flink's final watermark), before the final
     checkpoint."""
 

@@ -62,9 +62,13 @@ from services.agent.stages import (
     FetchTask,
     ProcessResult,
     ProcessTask,
+    UserCodeFailure,
+    UserFunctionError,
     fetch_and_partition,
+    guarded,
     output_file,
     process_subtask,
+    unless_user_failed,
 )
 from services.agent.state import (
     StateBackend,
@@ -670,7 +674,11 @@ class Agent(SubtaskCheckpointing):
         if failure is not None:
             exception_name = type(failure).__qualname__
             message = message or f"{exception_name}: {failure}"[:MAX_TEXT]
-            stacktrace = "".join(traceback.format_exception(failure))[-MAX_STACKTRACE:]
+            stacktrace = "".join(traceback.format_exception(failure))
+            if isinstance(failure, UserFunctionError):  # the trace from the task, kept whole
+                exception_name = failure.exception_name
+                stacktrace = f"{stacktrace}\nraised in a Spark task:\n{failure.stacktrace}"
+            stacktrace = stacktrace[-MAX_STACKTRACE:]
         event = JobStatusChanged(
             self.job_id, self.agent_id, self.attempt, status, now_ms(), message=message,
             end_of_input=end_of_input, exception_name=exception_name, stacktrace=stacktrace,
@@ -773,13 +781,13 @@ class Agent(SubtaskCheckpointing):
         sc.setLocalProperty("spark.scheduler.pool", "stage1")
         self.traffic.start_job(sc, f"{self.job_id} stage 1: {len(tasks)} partitions", tasks)
         started = time.monotonic()
-        results: list[FetchResult] = (
+        results: list[FetchResult | UserCodeFailure] = (
             sc.parallelize(tasks, len(tasks))
-            .map(lambda t: fetch_and_partition(t, map_function))
+            .map(lambda t: guarded(fetch_and_partition, t, map_function))
             .collect()
         )
         self.stage_seconds["stage1"] += time.monotonic() - started
-        return results
+        return unless_user_failed(results)
 
     def _collect_fetch(self, wait: bool) -> bool:
         """Applies a finished stage-1 round: its segments join the channels (behind any barrier
@@ -836,7 +844,7 @@ class Agent(SubtaskCheckpointing):
                 ProcessTask(
                     i, self.channel_dir, [s.path for s in taken[i]], versions, self.state_dir,
                     version, output_file(self.sink_dir, self.rounds, i), end_of_input,
-                    [s.key_groups for s in taken[i]],
+                    [s.key_groups for s in taken[i]], self.job.key,
                 )
             )  # fmt: skip
         self._round = (version, taken)
@@ -849,11 +857,13 @@ class Agent(SubtaskCheckpointing):
         sc.setLocalProperty("spark.scheduler.pool", "stage2")
         self.traffic.start_job(sc, f"{self.job_id} stage 2: {len(tasks)} subtasks", tasks)
         started = time.monotonic()
-        results: list[ProcessResult] = (
-            sc.parallelize(tasks, len(tasks)).map(lambda t: process_subtask(t, function)).collect()
+        results: list[ProcessResult | UserCodeFailure] = (
+            sc.parallelize(tasks, len(tasks))
+            .map(lambda t: guarded(process_subtask, t, function))
+            .collect()
         )
         self.stage_seconds["stage2"] += time.monotonic() - started
-        return results
+        return unless_user_failed(results)
 
     def _collect_process(self, wait: bool) -> bool:
         """Applies a finished stage-2 round: new state versions, consumed segments, staged

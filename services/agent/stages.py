@@ -9,11 +9,13 @@ from __future__ import annotations
 import io
 import logging
 import os
+import traceback
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import pandas as pd
 import pyarrow as pa
@@ -22,7 +24,13 @@ import pyarrow.json as pajson
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from services.agent.formats import JsonValues, ValueFormat
-from services.agent.job import KeyedFunction, KeyedState, MapFunction, StateDescriptor
+from services.agent.job import (
+    KeyedFunction,
+    KeyedState,
+    MapFunction,
+    StateDescriptor,
+    empty_series,
+)
 from services.agent.state import decode_state, encode_state, read_file, working_path, write_file
 from services.common.kafka import consumer_config, fetched
 from services.common.keygroups import key_groups, operator_indexes
@@ -40,6 +48,69 @@ POLL_BATCH = 10_000
 
 POLL_WAIT_S = 0.05
 """How long a stage-1 read waits for the next record before counting an idle poll."""
+
+
+# --- the job's own code ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UserCodeFailure:
+    """What a task returns when the job's own function (map, keyed function) raised. It is
+    returned, not raised: an exception out of a task ends PySpark's Python worker, and the
+    restarted job's first rounds would pay for new workers (imports, cold state caches). A
+    failure of sparkpoint's own work (reading Kafka, writing files) is raised, so that Spark
+    retries the task where the cluster allows it."""
+
+    exception_name: str
+    message: str
+    stacktrace: str
+
+
+class UserCodeRaised(Exception):
+    def __init__(self, failure: UserCodeFailure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+class UserFunctionError(RuntimeError):
+    """Raised on the driver for a `UserCodeFailure`: carries the function's exception name and
+    the stack trace from the task, which the job's exception history shows."""
+
+    def __init__(self, failure: UserCodeFailure) -> None:
+        super().__init__(f"{failure.exception_name}: {failure.message}")
+        self.exception_name = failure.exception_name
+        self.stacktrace = failure.stacktrace
+
+
+T = TypeVar("T")
+
+
+def user_code(call: Callable[..., T], *args: Any) -> T:
+    """Calls the job's function, turning what it raises into `UserCodeRaised`."""
+    try:
+        return call(*args)
+    except Exception as exc:
+        raise UserCodeRaised(
+            UserCodeFailure(type(exc).__qualname__, str(exc), "".join(traceback.format_exc()))
+        ) from exc
+
+
+def guarded(run: Callable[..., T], *args: Any) -> T | UserCodeFailure:
+    """Runs a task body; the job's function raising is its result (see `UserCodeFailure`)."""
+    try:
+        return run(*args)
+    except UserCodeRaised as raised:
+        return raised.failure
+
+
+def unless_user_failed(results: list[T | UserCodeFailure]) -> list[T]:
+    """The tasks' results; `UserFunctionError` if the job's function raised in one."""
+    done: list[T] = []
+    for result in results:
+        if isinstance(result, UserCodeFailure):
+            raise UserFunctionError(result)
+        done.append(result)
+    return done
 
 
 # --- stage 1 ------------------------------------------------------------------------------------
@@ -184,7 +255,7 @@ def fetch_and_partition(task: FetchTask, map_function: MapFunction) -> FetchResu
         bytes_read = int(frame.memory_usage(deep=True).sum()) if records else 0
     segments: list[tuple[int, str, int, int]] = []
     if len(frame):
-        frame = map_function(frame)
+        frame = user_code(map_function, frame)
     if len(frame):
         if task.key not in frame.columns:
             raise KeyError(
@@ -225,6 +296,8 @@ class ProcessTask:
     """Per segment, the key groups whose rows it holds for this subtask (None: all its rows).
     Restored channel state was written for the old parallelism's subtasks: a file may also
     hold rows of key groups another subtask owns now, which this one drops."""
+    key: str = ""
+    """The records' key column."""
 
     def state_file(self, group: int) -> str | None:
         found = self.versions.get(group)
@@ -250,6 +323,8 @@ CACHE_ENTRIES = 512
 
 
 def load_state(path: str, declared: Mapping[str, StateDescriptor]) -> dict[str, pd.Series]:
+    """A state file's series, from the worker's cache when it has them: shared, never to be
+    changed in place (`merged_state` concatenates them into new series)."""
     frames = _CACHE.get(path)
     if frames is None:
         frames = decode_state(read_file(path), declared)
@@ -258,7 +333,7 @@ def load_state(path: str, declared: Mapping[str, StateDescriptor]) -> dict[str, 
             _CACHE.popitem(last=False)
     else:
         _CACHE.move_to_end(path)
-    return {name: series.copy() for name, series in frames.items()}
+    return frames
 
 
 def keep_key_groups(frame: pd.DataFrame, groups: tuple[int, int] | None) -> pd.DataFrame:
@@ -267,7 +342,63 @@ def keep_key_groups(frame: pd.DataFrame, groups: tuple[int, int] | None) -> pd.D
     return frame[frame[KEY_GROUP_COLUMN].between(*groups)]
 
 
+def merged_state(
+    loaded: Mapping[int, Mapping[str, pd.Series]], declared: Mapping[str, StateDescriptor]
+) -> dict[str, pd.Series]:
+    """The state of several key groups as one series per declared state (new series: the
+    cached ones stay as they were)."""
+    merged: dict[str, pd.Series] = {}
+    for name, descriptor in declared.items():
+        parts = [frames[name] for frames in loaded.values() if name in frames]
+        merged[name] = (pd.concat(parts) if parts else empty_series(descriptor)).astype(
+            descriptor.dtype
+        )
+    return merged
+
+
+def key_owners(
+    loaded: Mapping[int, Mapping[str, pd.Series]], keys: pd.Series, groups: pd.Series
+) -> pd.Series:
+    """Key -> key group for every key the call was given: the keys of the loaded state files
+    and of the round's records."""
+    owners = [
+        pd.Series(group, index=series.index.get_level_values(0).unique())
+        for group, frames in loaded.items()
+        for series in frames.values()
+        if len(series)
+    ]
+    owners.append(pd.Series(groups.to_numpy(), index=keys.to_numpy()))
+    found = pd.concat(owners)
+    return found[~found.index.duplicated()]
+
+
+def split_state(name: str, series: pd.Series, owners: pd.Series) -> dict[int, pd.Series]:
+    """One merged state series, back into its key groups' series."""
+    if not len(series):
+        return {}
+    keys = series.index.get_level_values(0)
+    groups = owners.reindex(keys)
+    if groups.isna().any():
+        stranger = keys[groups.isna().to_numpy()][0]
+        raise UserCodeRaised(
+            UserCodeFailure(
+                "KeyError",
+                f"state {name!r} was set for key {stranger!r}, which is not among the keys the "
+                "keyed function was given (a keyed function changes the state of its records' "
+                "keys only)",
+                "",
+            )
+        )
+    return {int(g): part for g, part in series.groupby(groups.to_numpy(), sort=False)}
+
+
 def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult:
+    """One call of the keyed function for the subtask's round: every record the round brought
+    (in source order per key, key groups together) with the merged state of the key groups
+    they belong to; at the end of a bounded input, `on_end_of_input` once with the state of
+    every key group the subtask has. The state is then split back per key group, and each key
+    group the call had gets a new state version (DESIGN.md section 4: state stays per key
+    group, a Python call per round, not per key group or record)."""
     declared = function.state
     ranges = task.segment_key_groups or [None] * len(task.segments)
     frames = [
@@ -275,34 +406,44 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
         for name, groups in zip(task.segments, ranges, strict=True)
     ]
     records = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    groups = records.pop(KEY_GROUP_COLUMN) if len(records) else pd.Series([], dtype="int32")
+    had = {int(g) for g in groups.unique()}
+    if task.end_of_input:
+        had |= set(task.versions)
+    loaded = {g: load_state(path, declared) for g in sorted(had) if (path := task.state_file(g))}
+    state = KeyedState(declared, merged_state(loaded, declared))
     outputs: list[pd.DataFrame] = []
+    if len(records):
+        outputs.append(user_code(function.process, records, state))
+    if task.end_of_input:
+        outputs.append(user_code(function.on_end_of_input, state))
     new_versions: dict[int, int] = {}
-
-    def run(group: int, batch: pd.DataFrame | None) -> None:
-        path = task.state_file(group)
-        state = KeyedState(declared, load_state(path, declared) if path else {})
-        out = function.on_end_of_input(state) if batch is None else function.process(batch, state)
-        if out is not None and len(out):
-            outputs.append(out)
-        if state.changed:
-            data = encode_state(state.frames())
+    if state.changed:
+        keys = records[task.key] if len(records) else pd.Series([], dtype=object)
+        owners = key_owners(loaded, keys, groups)
+        split = {
+            name: split_state(name, series, owners)
+            for name, series in state.frames().items()
+            if name in state.changed
+        }
+        for group in sorted(had.union(*split.values())):
+            before = loaded.get(group, {})
+            frames_of_group = {
+                name: split[name].get(group, empty_series(descriptor))
+                if name in split
+                else before.get(name, empty_series(descriptor))
+                for name, descriptor in declared.items()
+            }
+            data = encode_state(frames_of_group)
             new_path = working_path(task.state_dir, group, task.version)
             write_file(new_path, data)
-            _CACHE[new_path] = {n: s.copy() for n, s in state.frames().items()}
+            _CACHE[new_path] = frames_of_group
             new_versions[group] = len(data)
-            task.versions[group] = task.version
-
-    if len(records):
-        groups = records.pop(KEY_GROUP_COLUMN)  # dropped once, not per key group
-        for group, batch in records.groupby(groups, sort=True):
-            run(int(group), batch.reset_index(drop=True))
-    if task.end_of_input:
-        for group in sorted(task.versions):
-            run(group, None)
+    emitted = [out for out in outputs if out is not None and len(out)]
     output_path = None
-    if outputs:
+    if emitted:
         output_path = task.output_path
-        write_file(output_path, to_ipc(pd.concat(outputs, ignore_index=True)))
+        write_file(output_path, to_ipc(pd.concat(emitted, ignore_index=True)))
     return ProcessResult(task.subtask, new_versions, output_path)
 
 

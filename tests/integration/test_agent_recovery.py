@@ -95,7 +95,10 @@ def test_a_function_that_fails_once_restarts_the_job_and_the_output_is_exact(
         details = client.get(f"/jobs/{job.id}").json()
         overview = client.get("/jobs/overview").json()["jobs"]
     assert len(entries) == 1 and "scripted failure" in entries[0]["stacktrace"]
-    assert entries[0]["exceptionName"]
+    # the function's own exception, with the trace from the task where it raised
+    assert entries[0]["exceptionName"] == "RuntimeError"
+    assert "raised in a Spark task" in entries[0]["stacktrace"]
+    assert "in process" in entries[0]["stacktrace"].split("raised in a Spark task")[1]
     assert details["state"] == "FINISHED" and details["timestamps"]["RESTARTING"] > 0
     assert len(details["vertices"]) == 2 and details["sparkpoint"]["restarts"] == 1
     assert [j["restarts"] for j in overview if j["jid"] == job.id] == [1]
