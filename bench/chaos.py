@@ -480,6 +480,7 @@ class Campaign:
                 self._start_agent(job)
             if job.process is not None and job.process.poll() is not None:
                 code = job.process.returncode
+                job.exits.append(code)
                 job.process = None
                 if code == 0:
                     job.finished = True
@@ -773,7 +774,7 @@ def run_events(count: int, seed: int, records: int) -> dict[str, Any]:
         "storm_seconds": round(storm_s, 1),
         "coordinators_up": coordinators_alive,
         "agent_exit_codes": job.exits,
-        "checkpoints_completed_during_and_after": completed_during,
+        "checkpoints_completed_during_storm": completed_during,
         "checkpoints_completed_after": completed_after,
         "rows_lost": verdict["rows_lost"],
         "rows_duplicated": verdict["rows_duplicated"],
@@ -815,13 +816,18 @@ def scrape(coordinators: list[Coordinator]) -> dict[str, int]:
 
 
 def run_kill_points(
-    kill_points: int, records: int, max_records: int, seed: int, plan: list[Kind] | None = None
+    kill_points: int,
+    records: int,
+    max_records: int,
+    seed: int,
+    plan: list[Kind] | None = None,
+    jobs: tuple[str, ...] = ("kafka", "files"),
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="sparkpoint-chaos-"))
     log(f"chaos campaign: {kill_points} kill points, {records:,} payments, under {root}")
     started = time.monotonic()
     with EmbeddedBroker(log_file=root / "broker.log") as broker:
-        campaign = Campaign(root, broker.bootstrap, broker, records, max_records, seed)
+        campaign = Campaign(root, broker.bootstrap, broker, records, max_records, seed, jobs)
         try:
             campaign.start()
             campaign.run(kill_points, plan)
