@@ -32,7 +32,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +118,11 @@ within this, and a finished stage is picked up within this."""
 AFTER_REGISTERING = "latest, once registered"
 """What a restart restores when no checkpoint is named: the newest retained one, read after the
 next attempt registered."""
+
+RESET_WAIT_S = 1.0
+"""How long a restart lets the failed attempt's rounds in flight finish (their results are
+dropped) before cancelling them: a cancelled Spark task takes its Python worker with it, and
+the restarted job's first round would pay ~1.3 s here for new workers."""
 
 MAX_STACKTRACE = 64 * 1024
 """The end of a failure's traceback that travels with RESTARTING and FAILED (the cause is last)."""
@@ -443,13 +448,16 @@ class Agent(SubtaskCheckpointing):
     def _reset(self) -> None:
         """After a failure: completed epochs made visible where possible (the restore publishes
         the rest), the sink and the committer renewed, sources and channels let go."""
-        if self.spark is not None:  # the rounds in flight are read again after the restore
+        in_flight: list[Future[Any]] = [
+            f for f in (self._fetching, self._processing) if f is not None
+        ]
+        _, unfinished = wait(in_flight, RESET_WAIT_S)
+        if unfinished and self.spark is not None:  # read and processed again after the restore
             with contextlib.suppress(Exception):
                 self.traffic.cancel_open(self.spark.sparkContext)
-        for running in (self._fetching, self._processing):
-            if running is not None:
-                with contextlib.suppress(Exception):  # read and processed again after the restore
-                    running.result()
+        for running in in_flight:
+            with contextlib.suppress(Exception):
+                running.result()
         self._fetching = self._processing = None
         self._round = None
         remove_tree(self.channel_dir)
