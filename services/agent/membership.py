@@ -276,7 +276,11 @@ class Membership:
         if now - self._epoch_checked < EPOCH_CHECK_S:
             return False
         self._epoch_checked = now
-        record = self.lookup()
+        try:
+            record = self.lookup()
+        except Exception as exc:  # the broker is slow to answer: unconfirmed for now
+            log.warning("job %s: reading the coordinator's record failed: %s", self.job_id, exc)
+            return False
         if record is not None:
             self.confirmed_epoch = max(self.confirmed_epoch, record.owner_epoch)
         return epoch <= self.confirmed_epoch

@@ -681,11 +681,12 @@ class Agent(SubtaskCheckpointing):
         exception_name = stacktrace = None
         if failure is not None:
             exception_name = type(failure).__qualname__
-            message = message or f"{exception_name}: {failure}"[:MAX_TEXT]
             stacktrace = "".join(traceback.format_exception(failure))
             if isinstance(failure, UserFunctionError):  # the trace from the task, kept whole
                 exception_name = failure.exception_name
                 stacktrace = f"{stacktrace}\nraised in a Spark task:\n{failure.stacktrace}"
+                message = message or str(failure)[:MAX_TEXT]  # already "Name: message"
+            message = message or f"{exception_name}: {failure}"[:MAX_TEXT]
             stacktrace = stacktrace[-MAX_STACKTRACE:]
         event = JobStatusChanged(
             self.job_id, self.agent_id, self.attempt, status, now_ms(), message=message,

@@ -394,11 +394,11 @@ def split_state(name: str, series: pd.Series, owners: pd.Series) -> dict[int, pd
 
 def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult:
     """One call of the keyed function for the subtask's round: every record the round brought
-    (in source order per key, key groups together) with the merged state of the key groups
+    (in segment order, so each key's in source order) with the merged state of the key groups
     they belong to; at the end of a bounded input, `on_end_of_input` once with the state of
-    every key group the subtask has. The state is then split back per key group, and each key
-    group the call had gets a new state version (DESIGN.md section 4: state stays per key
-    group, a Python call per round, not per key group or record)."""
+    every key group the subtask has (when it has any). The state is then split back per key
+    group, and each key group the call had gets a new state version (DESIGN.md section 4:
+    state stays per key group, a Python call per round, not per key group or record)."""
     declared = function.state
     ranges = task.segment_key_groups or [None] * len(task.segments)
     frames = [
@@ -411,29 +411,32 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     if task.end_of_input:
         had |= set(task.versions)
     loaded = {g: load_state(path, declared) for g in sorted(had) if (path := task.state_file(g))}
+    # which key group each key is in, taken before the function runs (it may change the frame)
+    keys = records[task.key] if len(records) else pd.Series([], dtype=object)
+    owners = key_owners(loaded, keys, groups)
     state = KeyedState(declared, merged_state(loaded, declared))
     outputs: list[pd.DataFrame] = []
     if len(records):
         outputs.append(user_code(function.process, records, state))
-    if task.end_of_input:
+    if task.end_of_input and any(len(series) for series in state.frames().values()):
         outputs.append(user_code(function.on_end_of_input, state))
     new_versions: dict[int, int] = {}
     if state.changed:
-        keys = records[task.key] if len(records) else pd.Series([], dtype=object)
-        owners = key_owners(loaded, keys, groups)
         split = {
             name: split_state(name, series, owners)
             for name, series in state.frames().items()
             if name in state.changed
         }
         for group in sorted(had.union(*split.values())):
-            before = loaded.get(group, {})
+            before = loaded.get(group)
             frames_of_group = {
                 name: split[name].get(group, empty_series(descriptor))
                 if name in split
-                else before.get(name, empty_series(descriptor))
+                else (before or {}).get(name, empty_series(descriptor))
                 for name, descriptor in declared.items()
             }
+            if before is None and not any(len(f) for f in frames_of_group.values()):
+                continue  # no state before, none now: nothing to keep
             data = encode_state(frames_of_group)
             new_path = working_path(task.state_dir, group, task.version)
             write_file(new_path, data)

@@ -59,13 +59,22 @@ def rounds(
     return rows_out, versions
 
 
+class SortingInPlace(PaymentStats):
+    """Reorders its records in place by account (stable: each key's order stays)."""
+
+    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        records.sort_values("account", kind="stable", inplace=True)
+        return super().process(records, state)
+
+
+@pytest.mark.parametrize("function", [PaymentStats(), SortingInPlace()], ids=["plain", "sorting"])
 def test_rounds_of_many_key_groups_give_the_reference_output_and_state_per_key_group(
-    tmp_path: Path,
+    tmp_path: Path, function: PaymentStats
 ) -> None:
     events = list(payments(6_000, accounts=300))
     batches = [[vars(e) for e in events[i : i + 1_500]] for i in range(0, len(events), 1_500)]
 
-    got, versions = rounds(tmp_path, PaymentStats(), batches)
+    got, versions = rounds(tmp_path, function, batches)
 
     assert sorted(got) == sorted(reference_output(events, end_of_input=True))
     assert len(versions) > 64  # the rounds covered most of the 128 key groups

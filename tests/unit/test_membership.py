@@ -103,3 +103,15 @@ def test_events_for_another_agent_are_not_heard_and_cost_no_read() -> None:
     )
     assert not member.hears(other)
     assert record.reads == 0
+
+
+def test_a_record_that_cannot_be_read_now_leaves_the_epoch_unconfirmed() -> None:
+    clock = Clock()
+
+    def unreachable() -> CheckpointStoreRecord:
+        raise TimeoutError("the broker did not answer")
+
+    member = Membership(JOB, AGENT, None, threading.Event(), lookup=unreachable, clock=clock)  # type: ignore[arg-type]
+    member.owner_epoch = member.confirmed_epoch = 1
+    assert not member.hears(trigger(2))  # dropped, not raised into the agent's loop
+    assert member.hears(trigger(1))
