@@ -848,6 +848,9 @@ def main() -> None:
         "--events", type=int, help="run the bad-event campaign with N records instead"
     )
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument(
+        "--label", help="keep this run beside the others in chaos.json: kill_points_<label>"
+    )
     args = parser.parse_args()
     path = RESULTS_DIR / "chaos.json"
     previous = json.loads(path.read_text()) if path.exists() else {}
@@ -865,7 +868,7 @@ def main() -> None:
         )
     else:
         result = run_kill_points(args.kill_points, args.records, args.max_records, args.seed)
-        section = "kill_points"
+        section = f"kill_points_{args.label}" if args.label else "kill_points"
         ok = not (
             result["rows_lost"] or result["rows_duplicated"] or result["checkpoint_ids_reused"]
         )
