@@ -102,8 +102,8 @@ class Membership:
         self.lookup = lookup
         """Reads the coordinator's durable record of the job (who drives it)."""
         self.clock = clock
-        self._checked = -TAKEOVER_CHECK_S
-        self._epoch_checked = -EPOCH_CHECK_S
+        self._read_at: dict[str, float] = {}
+        """When the durable record was last read, per purpose (`_read_record`)."""
         self.confirmed_epoch = 0
         """The newest coordinator epoch the durable record has confirmed."""
         self._beating = threading.Event()
@@ -206,11 +206,7 @@ class Membership:
         record of the job (written in the same transaction as that acceptance), so that a
         stray or forged announcement cannot stop a running job. Checked at most every
         `TAKEOVER_CHECK_S`."""
-        now = self.clock()
-        if self.lookup is None or now - self._checked < TAKEOVER_CHECK_S:
-            return False
-        self._checked = now
-        record = self.lookup()
+        record = self._read_record("takeover", TAKEOVER_CHECK_S)
         if record is None or record.agent_id is None:
             return False
         taken = record.agent_id != self.agent_id and record.owner_epoch >= self.owner_epoch
@@ -221,6 +217,20 @@ class Membership:
                 self.job_id, record.agent_id,
             )  # fmt: skip
         return taken
+
+    def _read_record(self, purpose: str, period_s: float) -> CheckpointStoreRecord | None:
+        """The coordinator's durable record of the job, read at most every ``period_s`` for
+        one ``purpose`` (a flood of forged events costs one read per period); None when no
+        read is due, there is no record, or it cannot be read now (the broker is slow)."""
+        now = self.clock()
+        if self.lookup is None or now - self._read_at.get(purpose, -period_s) < period_s:
+            return None
+        self._read_at[purpose] = now
+        try:
+            return self.lookup()
+        except Exception as exc:
+            log.warning("job %s: reading the coordinator's record failed: %s", self.job_id, exc)
+            return None
 
     def stop_heartbeats(self) -> None:
         self._beating.clear()
@@ -272,15 +282,7 @@ class Membership:
             return True
         if epoch <= self.confirmed_epoch:
             return True
-        now = self.clock()
-        if now - self._epoch_checked < EPOCH_CHECK_S:
-            return False
-        self._epoch_checked = now
-        try:
-            record = self.lookup()
-        except Exception as exc:  # the broker is slow to answer: unconfirmed for now
-            log.warning("job %s: reading the coordinator's record failed: %s", self.job_id, exc)
-            return False
+        record = self._read_record("epoch", EPOCH_CHECK_S)
         if record is not None:
             self.confirmed_epoch = max(self.confirmed_epoch, record.owner_epoch)
         return epoch <= self.confirmed_epoch

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -357,7 +358,7 @@ def merged_state(
 
 
 def key_owners(
-    loaded: Mapping[int, Mapping[str, pd.Series]], keys: pd.Series, groups: pd.Series
+    loaded: Mapping[int, Mapping[str, pd.Series]], keys: np.ndarray, groups: pd.Series
 ) -> pd.Series:
     """Key -> key group for every key the call was given: the keys of the loaded state files
     and of the round's records."""
@@ -367,7 +368,7 @@ def key_owners(
         for series in frames.values()
         if len(series)
     ]
-    owners.append(pd.Series(groups.to_numpy(), index=keys.to_numpy()))
+    owners.append(pd.Series(groups.to_numpy(), index=keys))
     found = pd.concat(owners)
     return found[~found.index.duplicated()]
 
@@ -411,9 +412,8 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     if task.end_of_input:
         had |= set(task.versions)
     loaded = {g: load_state(path, declared) for g in sorted(had) if (path := task.state_file(g))}
-    # which key group each key is in, taken before the function runs (it may change the frame)
-    keys = records[task.key] if len(records) else pd.Series([], dtype=object)
-    owners = key_owners(loaded, keys, groups)
+    # the records' keys, taken before the function runs (it may change the frame)
+    keys = records[task.key].to_numpy(copy=True) if len(records) else np.array([], dtype=object)
     state = KeyedState(declared, merged_state(loaded, declared))
     outputs: list[pd.DataFrame] = []
     if len(records):
@@ -422,6 +422,7 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
         outputs.append(user_code(function.on_end_of_input, state))
     new_versions: dict[int, int] = {}
     if state.changed:
+        owners = key_owners(loaded, keys, groups)
         split = {
             name: split_state(name, series, owners)
             for name, series in state.frames().items()
