@@ -146,14 +146,23 @@ class KeyedState:
         return dict(self._series)
 
 
+_EMPTY: dict[StateDescriptor, pd.Series] = {}
+
+
 def empty_series(descriptor: StateDescriptor) -> pd.Series:
-    if isinstance(descriptor, MapState):
-        index = pd.MultiIndex.from_arrays(
-            [pd.Index([], dtype=object), pd.Index([], dtype=descriptor.key_dtype)],
-            names=["key", "user_key"],
-        )
-        return pd.Series([], index=index, dtype=descriptor.dtype)
-    return pd.Series([], index=pd.Index([], dtype=object, name="key"), dtype=descriptor.dtype)
+    """An empty state series (a new object sharing an immutable empty index: building a
+    MultiIndex costs half a millisecond, and stage 2 needs one per key group without state)."""
+    empty = _EMPTY.get(descriptor)
+    if empty is None:
+        if isinstance(descriptor, MapState):
+            index = pd.MultiIndex.from_arrays(
+                [pd.Index([], dtype=object), pd.Index([], dtype=descriptor.key_dtype)],
+                names=["key", "user_key"],
+            )
+        else:
+            index = pd.Index([], dtype=object, name="key")
+        empty = _EMPTY[descriptor] = pd.Series([], index=index, dtype=descriptor.dtype)
+    return empty.copy(deep=False)
 
 
 class KeyedFunction:

