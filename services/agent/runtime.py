@@ -447,7 +447,7 @@ class Agent(SubtaskCheckpointing):
 
     def _reset(self) -> None:
         """After a failure: completed epochs made visible where possible (the restore publishes
-        the rest), the sink and the committer renewed, sources and channels let go."""
+        the rest), a sink that failed a commit renewed, sources and channels let go."""
         in_flight: list[Future[Any]] = [
             f for f in (self._fetching, self._processing) if f is not None
         ]
@@ -463,10 +463,18 @@ class Agent(SubtaskCheckpointing):
         remove_tree(self.channel_dir)
         try:
             self.committer.drain()
+            sink_sound = True
         except Exception as exc:  # that epoch is published again by the restore
             log.warning("job %s: %s", self.job_id, exc)
-        self.committer.close()
-        for closable in (self.sink, getattr(self, "control", None), getattr(self, "source", None)):
+            sink_sound = False
+        # a sink whose every commit went through holds no open transaction: the restart keeps
+        # it (a transactional producer's initialisation costs half a second on the embedded
+        # broker); one that failed a commit is closed and built anew
+        closing = [getattr(self, "control", None), getattr(self, "source", None)]
+        if not sink_sound:
+            self.committer.close()
+            closing.append(self.sink)
+        for closable in closing:
             if closable is None:
                 continue
             try:
@@ -475,8 +483,9 @@ class Agent(SubtaskCheckpointing):
                 log.warning("job %s: closing after a failure: %s", self.job_id, exc)
         self.control = None  # type: ignore[assignment]  # opened again by the next start
         self.source = None  # type: ignore[assignment]
-        self.sink = self._sink_writer()
-        self.committer = EpochCommitter(self.sink, self.job_id)
+        if not sink_sound:
+            self.sink = self._sink_writer()
+            self.committer = EpochCommitter(self.sink, self.job_id)
         for channel in getattr(self, "channels", []):
             channel.clear()  # their files went with the channel directory
 
@@ -721,8 +730,11 @@ class Agent(SubtaskCheckpointing):
                 return
             busy = self._collect_fetch(wait=False)
             busy |= self._collect_process(wait=False)
-            self._start_fetch()  # stage 1 of the next round runs while stage 2 of this one does
+            # stage 2 is submitted first and its Spark pool has priority (services.agent.spark):
+            # the records a round brought are processed before the next round is read, while
+            # stage 1 of the next round uses the cores stage 2 leaves
             busy |= self._start_process()
+            self._start_fetch()
             self._snapshot_due()
             self._await_copies([f for f in (self._fetching, self._processing) if f is not None])
             self._send_acks()

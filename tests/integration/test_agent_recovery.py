@@ -104,6 +104,40 @@ def test_a_function_that_fails_once_restarts_the_job_and_the_output_is_exact(
     assert [j["restarts"] for j in overview if j["jid"] == job.id] == [1]
 
 
+def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_restarts(
+    coordinator: Running, spark: Any, topic: str, expected: list[Output], tmp_path: Path
+) -> None:
+    """The first commit fails half-way (its marker refused; the real producer aborts the
+    transaction): the restart builds a new transactional producer. The function's failure
+    later restarts the job with every commit through: that sink is kept."""
+    output = unique("stats")
+    job = build(unique("commit"), topic, output, max_records=100, settings=FAST_RESTARTS)
+    job = replace(job, function=FailingOnce(RECORDS // 2, str(tmp_path / "failed")))
+    agent = in_process(job, coordinator, spark)
+    first_sink = agent.sink
+    send = first_sink._send
+    refused: list[str] = []
+
+    def refuse_the_first_marker(values: list[bytes], keys: Any, headers: Any, topic: Any = None):  # type: ignore[no-untyped-def]
+        if topic is not None and not refused:
+            refused.append(topic)
+            raise RuntimeError("scripted: the marker could not be queued")
+        send(values, keys, headers, topic)
+
+    first_sink._send = refuse_the_first_marker  # type: ignore[method-assign]
+    sinks: list[object] = []
+    agent.on_round = lambda running: sinks.append(running.sink)
+
+    status = agent.run()
+
+    assert status is JobStatus.FINISHED and refused and agent.restarts == 2
+    assert sinks[0] is first_sink and agent.sink is not first_sink
+    assert len({id(s) for s in sinks}) == 2, "the function's failure kept the renewed sink"
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+    assert "committing a sink epoch failed" in str(agent.failures[0])
+
+
 def test_fixed_delay_gives_up_after_its_attempts_and_keeps_the_checkpoints(
     coordinator: Running, spark: Any, topic: str
 ) -> None:
