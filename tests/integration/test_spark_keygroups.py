@@ -55,3 +55,13 @@ def test_partitioning_by_subtask_puts_each_key_group_in_its_owners_range(spark: 
         strict=True,
     ):
         assert group in key_group_range(128, parallelism, subtask)
+
+
+def test_the_agents_session_gives_stage_2_the_free_cores_first(spark: Any) -> None:
+    """The session's FAIR pools come from services/agent/spark_pools.xml: stage 2's minimum
+    share exceeds any cluster (its tasks go first), stage 1's is zero."""
+    context = spark.sparkContext._jsc.sc()
+    stage2, stage1 = (context.getPoolForName(name) for name in ("stage2", "stage1"))
+    assert stage2.isDefined() and stage1.isDefined()
+    assert stage2.get().minShare() >= 10_000 and stage1.get().minShare() == 0
+    assert str(context.getSchedulingMode()) == "FAIR"
