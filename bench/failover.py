@@ -40,7 +40,7 @@ from services.common.events import CheckpointEventType, CheckpointLifecycleEvent
 from services.common.kafka import replay_topic
 from services.common.topics import CHECKPOINT_EVENTS
 
-RECORDS = 400_000
+RECORDS = 600_000
 FAILURES = 20
 SETTINGS = {
     "execution.checkpointing.interval": "1s",
