@@ -21,13 +21,11 @@ files whose key groups overlap its own, and stage 2 keeps only the rows of the o
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.agent.channels import Segment
-from services.agent.state import copy_file, read_file, write_file
+from services.agent.state import link_or_copy, read_file, write_file
 from services.common.events import StateHandle, StateHandleKind
 from services.common.keygroups import KeyGroupRange
 
@@ -36,19 +34,6 @@ MANIFEST_FORMAT = 1
 
 def manifest_name(subtask: int) -> str:
     return f"channel-{subtask:04d}.json"
-
-
-def link_or_copy(source: str, target: str) -> None:
-    """A hard link where both are local paths on one file system, else a copy."""
-    if "://" not in source and "://" not in target:
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        try:
-            os.link(source, target)
-            return
-        except OSError:  # another file system, or links not supported
-            shutil.copyfile(source, target)
-            return
-    copy_file(source, target)
 
 
 def persist(

@@ -75,6 +75,7 @@ from services.agent.state import (
     Version,
     delete_files,
     job_dirs,
+    link_or_copy,
     working_path,
 )
 from services.agent.traffic import DriverTraffic
@@ -569,7 +570,7 @@ class Agent(SubtaskCheckpointing):
                     f"s{subtask:04d}/c{restored.checkpoint_id:010d}-"
                     f"{state_file.old_subtask:04d}-{state_file.order:05d}.arrow"
                 )
-                channel_state.link_or_copy(state_file.path, f"{self.channel_dir}/{name}")
+                link_or_copy(state_file.path, f"{self.channel_dir}/{name}")
                 mine = self.ranges[subtask]
                 overlap = (
                     max(mine.start, state_file.key_groups[0]),

@@ -32,7 +32,14 @@ from services.agent.restore import SOURCE_FORMAT
 from services.agent.sinks import EpochCommitter
 from services.agent.sources.files import FileSourceReader
 from services.agent.sources.kafka import KafkaSourceReader
-from services.agent.state import StateBackend, Upload, copy_file, delete_files, write_file
+from services.agent.state import (
+    StateBackend,
+    Upload,
+    copy_file,
+    delete_files,
+    link_or_copy,
+    write_file,
+)
 from services.common.events import (
     AcknowledgeCheckpoint,
     CheckpointFailureReason,
@@ -287,8 +294,8 @@ class SubtaskCheckpointing:
         channel state (unaligned: the in-flight segments, linked or copied)."""
         try:
             for upload, source in plan:
-                if source is not None:
-                    copy_file(source, upload.path)
+                if source is not None:  # immutable files: linked where storage allows
+                    link_or_copy(source, upload.path)
             write_file(manifest_path, json.dumps(manifest).encode())
             if not in_flight:
                 return [], 0

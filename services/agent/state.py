@@ -122,18 +122,23 @@ def local_path(url: str) -> str | None:
 
 
 def write_file(path: str, data: bytes) -> None:
+    """Writes a whole file. On local disk it is written under a temporary name and renamed into
+    place: a file is never changed in place, so a hard link to it (`link_or_copy`) keeps what
+    it held even if the path is written again."""
     local = local_path(path)
     if local is None:
         with fsspec.open(path, "wb", auto_mkdir=True) as out:
             out.write(data)
         return
+    temporary = f"{local}.{uuid.uuid4().hex[:12]}.tmp"
     try:
-        target = open(local, "wb")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except FileNotFoundError:
         os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
-        target = open(local, "wb")
-    with target:
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with os.fdopen(descriptor, "wb") as target:
         target.write(data)
+    os.replace(temporary, local)
 
 
 def read_file(path: str) -> bytes:
@@ -150,6 +155,24 @@ def copy_file(source: str, target: str) -> int:
     data = read_file(source)
     write_file(target, data)
     return len(data)
+
+
+def link_or_copy(source: str, target: str) -> None:
+    """A hard link where both are local paths on one file system (files are written whole and
+    never changed, so the link is a copy that costs no bytes), else a copy."""
+    local_source, local_target = local_path(source), local_path(target)
+    if local_source is not None and local_target is not None:
+        os.makedirs(os.path.dirname(local_target) or ".", exist_ok=True)
+        try:
+            os.link(local_source, local_target)
+            return
+        except FileExistsError:  # written before (a copy retried): replaced whole
+            os.unlink(local_target)
+            os.link(local_source, local_target)
+            return
+        except OSError:  # another file system, or links not supported
+            pass
+    copy_file(source, target)
 
 
 def delete_files(paths: Iterable[str]) -> None:

@@ -11,6 +11,7 @@ import pandas as pd
 from services.agent import channel_state
 from services.agent.channels import Channel
 from services.agent.stages import KEY_GROUP_COLUMN, from_ipc, keep_key_groups, to_ipc
+from services.agent.state import link_or_copy
 from services.common.keygroups import key_group_range
 
 MAX_PARALLELISM = 128
@@ -32,7 +33,7 @@ def restore(
         mine = ranges[subtask]
         for f in share:
             name = f"s{subtask}/{checkpoint.name}-{f.old_subtask}-{f.order}.arrow"
-            channel_state.link_or_copy(f.path, str(channel_dir / name))
+            link_or_copy(f.path, str(channel_dir / name))
             overlap = (max(mine.start, f.key_groups[0]), min(mine.end, f.key_groups[1]))
             channels[subtask].append(name, f.rows, f.size, key_groups=overlap)
     return channels

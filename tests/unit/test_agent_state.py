@@ -9,7 +9,15 @@ import pandas as pd
 import pytest
 
 from services.agent.job import KeyedState, ListState, MapState, ValueState
-from services.agent.state import StateBackend, Version, decode_state, encode_state
+from services.agent.state import (
+    StateBackend,
+    Version,
+    decode_state,
+    encode_state,
+    link_or_copy,
+    read_file,
+    write_file,
+)
 
 DECLARED = {
     "total": ValueState("int64"),
@@ -174,3 +182,20 @@ def test_restored_files_are_never_deleted_by_the_agent_and_shared_ones_are_the_b
     savepoint = StateBackend(str(tmp_path / "state2"))
     savepoint.restore({1: (str(restored), 1)}, shared=False)
     assert all(u.new for u, _ in savepoint.plan(5, [1], True, "/chk-5", "/shared"))
+
+
+def test_a_linked_copy_keeps_its_bytes_when_the_source_path_is_written_again(
+    tmp_path: Path,
+) -> None:
+    """Snapshots hard-link immutable state files into checkpoints: writing a path again
+    replaces the file whole (a new inode), never the bytes a checkpoint links to."""
+    source, copy = str(tmp_path / "working" / "kg-1"), str(tmp_path / "chk-1" / "kg-1.arrow")
+    write_file(source, b"version 1")
+    link_or_copy(source, copy)
+    write_file(source, b"version 2, longer")
+    link_or_copy(source, str(tmp_path / "chk-2" / "kg-1.arrow"))
+
+    assert read_file(copy) == b"version 1" and read_file(source) == b"version 2, longer"
+    assert (tmp_path / "chk-2" / "kg-1.arrow").read_bytes() == b"version 2, longer"
+    assert Path(source).stat().st_nlink == 2  # linked, not copied
+    assert sorted(p.name for p in (tmp_path / "working").iterdir()) == ["kg-1"]  # no temporaries
