@@ -308,13 +308,22 @@ class SubtaskCheckpointing:
             self.segment_files.release(s.path for s in in_flight)
 
     def _await_copies(self, stages: Sequence[Future[Any]] = ()) -> None:
-        """Waits for the first snapshot copy in flight to finish (local copies take
-        milliseconds), so its acknowledgement goes out at once; a stage that finishes first
-        ends the wait (the next round is not held up), and slow storage never holds the loop
-        for long."""
-        futures: list[Future[Any]] = [c.future for p in self.pending.values() for c in p.copies]
-        if futures:
-            wait_for([*futures, *stages], timeout=COPY_WAIT_S, return_when=FIRST_COMPLETED)
+        """Waits for the snapshot copies in flight (local copies take milliseconds) and
+        acknowledges each as it finishes, so every subtask's acknowledgement of a checkpoint
+        goes out in this turn of the loop, not one per turn; a stage that finishes first ends
+        the wait (the next round is not held up), and slow storage never holds the loop for
+        longer than `COPY_WAIT_S`."""
+        deadline = time.monotonic() + COPY_WAIT_S
+        while remaining := [
+            c.future for p in self.pending.values() for c in p.copies if not c.future.done()
+        ]:
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                return
+            done, _ = wait_for([*remaining, *stages], timeout=timeout, return_when=FIRST_COMPLETED)
+            self._send_acks()
+            if any(stage in done for stage in stages) or not done:
+                return
 
     def _send_acks(self) -> None:
         """Acknowledges (or declines) every keyed snapshot whose copies finished. Copies finish
