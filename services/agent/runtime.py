@@ -448,7 +448,7 @@ class Agent(SubtaskCheckpointing):
 
     def _reset(self) -> None:
         """After a failure: completed epochs made visible where possible (the restore publishes
-        the rest), a sink that failed a commit renewed, sources and channels let go."""
+        the rest), a sink that may have failed renewed, sources and channels let go."""
         in_flight: list[Future[Any]] = [
             f for f in (self._fetching, self._processing) if f is not None
         ]
@@ -464,13 +464,14 @@ class Agent(SubtaskCheckpointing):
         remove_tree(self.channel_dir)
         try:
             self.committer.drain()
-            sink_sound = True
+            sink_sound = self.sink.exactly_once
         except Exception as exc:  # that epoch is published again by the restore
             log.warning("job %s: %s", self.job_id, exc)
             sink_sound = False
-        # a sink whose every commit went through holds no open transaction: the restart keeps
-        # it (a transactional producer's initialisation costs half a second on the embedded
-        # broker); one that failed a commit is closed and built anew
+        # an exactly-once sink whose every commit went through holds no open transaction: the
+        # restart keeps it (a transactional producer's initialisation costs half a second on
+        # the embedded broker). One that failed a commit is closed and built anew, and so is an
+        # at-least-once sink (it writes from the loop, whose failure may have been its own)
         closing = [getattr(self, "control", None), getattr(self, "source", None)]
         if not sink_sound:
             self.committer.close()

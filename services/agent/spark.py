@@ -44,7 +44,8 @@ def spark_session(
 
     builder = SparkSession.builder.appName(app_name).master(master)
     chosen = {**QUIET_DEFAULTS, **(settings or {})}
-    chosen.setdefault("spark.scheduler.allocation.file", str(POOLS))
+    # a URI: a bare path would resolve against the cluster's default file system (HDFS)
+    chosen.setdefault("spark.scheduler.allocation.file", POOLS.resolve().as_uri())
     for key, value in chosen.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

@@ -20,6 +20,7 @@ savepoint copies every key group into its own directory: self-contained and relo
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -136,9 +137,14 @@ def write_file(path: str, data: bytes) -> None:
     except FileNotFoundError:
         os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    with os.fdopen(descriptor, "wb") as target:
-        target.write(data)
-    os.replace(temporary, local)
+    try:
+        with os.fdopen(descriptor, "wb") as target:
+            target.write(data)
+        os.replace(temporary, local)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def read_file(path: str) -> bytes:
@@ -163,11 +169,9 @@ def link_or_copy(source: str, target: str) -> None:
     local_source, local_target = local_path(source), local_path(target)
     if local_source is not None and local_target is not None:
         os.makedirs(os.path.dirname(local_target) or ".", exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(local_target)  # written before (a copy retried): replaced whole
         try:
-            os.link(local_source, local_target)
-            return
-        except FileExistsError:  # written before (a copy retried): replaced whole
-            os.unlink(local_target)
             os.link(local_source, local_target)
             return
         except OSError:  # another file system, or links not supported

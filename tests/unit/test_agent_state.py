@@ -58,7 +58,15 @@ def test_decoded_map_state_has_the_index_from_arrays_builds_and_empty_states_are
     # states the file does not hold come back empty, each its own object
     first, second = (decode_state(encode_state({}), DECLARED) for _ in range(2))
     first["total"].name = "renamed"
+    first["windows"].index.names = ["account", "window"]  # user code may rename its index
+    first["total"].index.name = "account"
     assert len(first["windows"]) == 0 and second["total"].name != "renamed"
+    assert list(second["windows"].index.names) == ["key", "user_key"]
+    assert second["total"].index.name == "key"
+    assert list(decode_state(encode_state({}), DECLARED)["windows"].index.names) == [
+        "key",
+        "user_key",
+    ]
     assert isinstance(first["windows"].index, pd.MultiIndex)
 
 

@@ -84,9 +84,10 @@ class KafkaSinkWriter:
             config |= {k: v for k, v in self.sink.properties.items() if k != "transactional.id"}
             if self.exactly_once:
                 config["transaction.timeout.ms"] = int(TRANSACTION_TIMEOUT_S * 1000)
-            self._producer = Producer(config)
+            producer = Producer(config)
             if self.exactly_once:
-                self._producer.init_transactions(30)
+                producer.init_transactions(30)
+            self._producer = producer  # only once usable: a failed start builds it again
         return self._producer
 
     def _produce(
