@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import traceback
 import uuid
 import zlib
@@ -161,12 +160,9 @@ def segment_name(task: FetchTask, subtask: int) -> str:
 
 
 def write_segment(path: str, data: bytes) -> None:
-    if "://" in path:
-        write_file(path, data)
-        return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as out:  # local channel storage: no fsspec layer on the hot path
-        out.write(data)
+    """A segment file, written whole (renamed into place on local disk: a checkpoint may
+    hard-link it as channel state, so it is never rewritten in place)."""
+    write_file(path, data)
 
 
 def read_range(task: FetchTask) -> tuple[list[bytes], list[bytes | None], list[int], int]:
