@@ -74,3 +74,56 @@ def start_coordinator(bootstrap: str, root: Path, partitions: int = 6) -> Any:
     if not service.ready.wait(30):
         raise RuntimeError("the coordinator did not come up within 30 s")
     return service
+
+
+class CoordinatorProcess:
+    """A coordinator as ``make run`` deploys it: ``sparkpoint coordinator`` in a process of its
+    own (a coordinator on a thread of the benchmark's process shares the agent's interpreter
+    lock and adds its own work to every latency measured in the agent), storage roots under
+    ``root``. The environment (``SPARKPOINT_TOPIC_PREFIX``) is the caller's."""
+
+    def __init__(self, bootstrap: str, root: Path, partitions: int = 6) -> None:
+        import subprocess
+        import sys
+
+        import httpx
+
+        from services.common.broker import free_port
+        from services.common.kafka import make_admin
+        from services.common.topics import create_topics
+
+        create_topics(make_admin(bootstrap), partitions=partitions)
+        config = root / "coordinator.yaml"
+        config.write_text(
+            f"execution.checkpointing.dir: {root / 'checkpoints'}\n"
+            f"execution.checkpointing.savepoint-dir: {root / 'savepoints'}\n"
+        )
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log = open(root / "coordinator.log", "wb")  # noqa: SIM115  # closed by stop()
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "services.cli", "coordinator", "--bootstrap", bootstrap,
+                "--rest-port", self.url.rsplit(":", 1)[1], "--config", str(config),
+            ],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the coordinator exited {self.process.returncode}: {root}")
+            try:
+                if httpx.get(f"{self.url}/jobs/overview", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("the coordinator did not answer within 60 s")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except Exception:
+            self.process.kill()
+        self.log.close()

@@ -3,7 +3,9 @@ stage 2 is throttled to a fixed rate while the source reads faster, so records q
 channels until backpressure holds them at about 30 s of processing. The same job runs aligned,
 then unaligned (aligned-checkpoint timeout 0), each for a while, against a real coordinator on
 the embedded broker and Spark ``local[2]``; then the ``make run`` demo's shape (2,000 payments/s,
-no throttle, checkpoints every 1 s) with unaligned on. Writes bench/results/unaligned.json.
+no throttle, checkpoints every 1 s) with unaligned on. As ``make run`` deploys them, the
+coordinator and the demo's generator run as processes of their own, the agent in this one.
+Writes bench/results/unaligned.json.
 
 Figures per run: checkpoint end-to-end p50/p99 (trigger to completion, from the audit topic),
 records/s processed, the backlog (queued rows, and seconds of processing at the measured rate),
@@ -25,6 +27,8 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -34,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from recording import percentiles, start_coordinator, write_results
+from recording import CoordinatorProcess, percentiles, write_results
 
 from services.agent.channels import DEFAULT_CAPACITY_BYTES
-from services.agent.example import PaymentStats, example_job, generate
+from services.agent.example import PaymentStats, ensure_topic, example_job, generate
 from services.agent.job import KeyedState
 from services.agent.runtime import MAX_ROWS_PER_ROUND, Agent, AgentOptions
 from services.agent.spark import spark_session
@@ -250,7 +254,7 @@ def main() -> None:
     os.environ["SPARKPOINT_TOPIC_PREFIX"] = f"b{uuid.uuid4().hex[:8]}."
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap
-        service = start_coordinator(bootstrap, root, partitions=6)
+        service = CoordinatorProcess(bootstrap, root, partitions=6)
         started = time.monotonic()
         generate(bootstrap, "payments", records)
         print(f"generated {records:,} payments in {time.monotonic() - started:.1f} s")
@@ -259,16 +263,22 @@ def main() -> None:
         aligned = run("aligned", "payments", {}, seconds, bootstrap, codec, spark, root)
         unaligned = run("unaligned", "payments", UNALIGNED, seconds, bootstrap, codec, spark, root)
 
-        feeder = threading.Thread(
-            target=generate,
-            args=(bootstrap, "demo-payments", DEMO_RATE * (DEMO_SECONDS + 20), DEMO_RATE),
-            daemon=True,
-        )
-        feeder.start()
+        # the demo's generator, like its coordinator, is a process of its own
+        ensure_topic(bootstrap, "demo-payments")
+        feeder = subprocess.Popen(
+            [
+                sys.executable, "-m", "services.cli", "generate", "--bootstrap", bootstrap,
+                "--topic", "demo-payments", "--rate", str(DEMO_RATE),
+                "--count", str(DEMO_RATE * (DEMO_SECONDS + 20)),
+            ],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
         demo = run(
             "demo-unaligned", "demo-payments", UNALIGNED, DEMO_SECONDS, bootstrap, codec, spark,
             root, throttled=False,
         )  # fmt: skip
+        feeder.terminate()
+        feeder.wait(30)
         spark.stop()
         service.stop()
     shutil.rmtree(root, ignore_errors=True)
