@@ -523,6 +523,8 @@ class Agent(SubtaskCheckpointing):
         self.pending: dict[int, PendingSnapshot] = {}
         self.orphans: list[Copy] = []
         """Copies of snapshots that will never be acknowledged: their new files go when done."""
+        self.committing: dict[int, list[tuple[int, str]]] = {}
+        """Epochs handed to the committer and not yet published: snapshots still name them."""
         self.sealed: dict[int, list[tuple[int, str]]] = {}
         """Epoch -> (subtask, staged output file) for epochs not yet committed."""
         self.unsealed: list[tuple[int, str]] = []

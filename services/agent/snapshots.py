@@ -136,6 +136,7 @@ class SubtaskCheckpointing:
     committer: EpochCommitter
     pending: dict[int, PendingSnapshot]
     orphans: list[Copy]
+    committing: dict[int, list[tuple[int, str]]]
     sealed: dict[int, list[tuple[int, str]]]
     unsealed: list[tuple[int, str]]
     end_of_input: bool
@@ -255,7 +256,7 @@ class SubtaskCheckpointing:
             )
             manifest = {
                 str(epoch): sorted(path for subtask, path in outputs if subtask == i)
-                for epoch, outputs in self.sealed.items()
+                for epoch, outputs in self._unpublished_epochs().items()
             }
             if trigger.snapshot_type.is_savepoint:
                 manifest = self._self_contained(manifest, trigger.target_location)
@@ -273,17 +274,31 @@ class SubtaskCheckpointing:
             pending.aligned_ms,
         )
 
+    def _unpublished_epochs(self) -> dict[int, list[tuple[int, str]]]:
+        """Epochs whose output is not visible yet: sealed ones, and those handed to the
+        committer that it has not published. A snapshot names both (as Flink's committer
+        state keeps committables until they are committed): a checkpoint completing while an
+        earlier epoch is still being published must not lose that epoch if it is restored."""
+        done = self.committer.published_through
+        for epoch in [e for e in self.committing if e <= done]:
+            del self.committing[epoch]
+        return {**self.committing, **self.sealed}
+
     def _self_contained(self, manifest: dict[str, list[str]], target: str) -> dict[str, list[str]]:
         """A savepoint keeps copies of the staged output it names (relative paths inside it), so
         it restores anywhere, even where this agent's working files are gone. Copied now: the
         committer may publish and delete the originals at any moment after this round."""
         kept: dict[str, list[str]] = {}
         for epoch, outputs in manifest.items():
-            kept[epoch] = []
-            for path in outputs:
-                name = f"sink/{posixpath.basename(path)}"
-                copy_file(path, f"{target}/{name}")
-                kept[epoch].append(name)
+            names = []
+            try:
+                for path in outputs:
+                    name = f"sink/{posixpath.basename(path)}"
+                    copy_file(path, f"{target}/{name}")
+                    names.append(name)
+            except FileNotFoundError:  # the committer published it meanwhile (then deletes)
+                continue
+            kept[epoch] = names
         return kept
 
     def _copy(
@@ -418,6 +433,7 @@ class SubtaskCheckpointing:
         for epoch in sorted(e for e in self.sealed if e <= checkpoint_id):
             outputs = self.sealed.pop(epoch)
             if outputs:
+                self.committing[epoch] = outputs
                 self.committer.submit(epoch, [path for _, path in outputs])
         self.completed_checkpoints.append(checkpoint_id)
         if not event.is_savepoint:

@@ -100,6 +100,8 @@ class EpochCommitter:
         self.job_id = job_id
         self._queue: queue.Queue[tuple[int, list[str], bool] | None] = queue.Queue()
         self._error: BaseException | None = None
+        self.published_through = 0
+        """The newest epoch this committer made visible (epochs are published in order)."""
         self._thread = threading.Thread(target=self._run, name=f"commit-{job_id}", daemon=True)
         self._thread.start()
 
@@ -115,6 +117,7 @@ class EpochCommitter:
                 if self._error is None:
                     count = self.sink.publish_epoch(epoch, outputs)
                     log.info("job %s: epoch %d committed (%d records)", self.job_id, epoch, count)
+                    self.published_through = max(self.published_through, epoch)
                     if delete:
                         delete_files(outputs)
             except BaseException as exc:  # kept for the loop: it fails the job loudly
