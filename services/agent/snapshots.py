@@ -249,6 +249,7 @@ class SubtaskCheckpointing:
         self.unsealed = []
         full = trigger.snapshot_type is not SnapshotType.CHECKPOINT
         incremental = self.config.incremental and not full
+        unpublished = self._unpublished_epochs()  # one view for every subtask's manifest
         for i, groups in enumerate(self.ranges):
             started = time.monotonic()
             plan = self.backend.plan(
@@ -256,7 +257,7 @@ class SubtaskCheckpointing:
             )
             manifest = {
                 str(epoch): sorted(path for subtask, path in outputs if subtask == i)
-                for epoch, outputs in self._unpublished_epochs().items()
+                for epoch, outputs in unpublished.items()
             }
             if trigger.snapshot_type.is_savepoint:
                 manifest = self._self_contained(manifest, trigger.target_location)

@@ -159,12 +159,6 @@ def segment_name(task: FetchTask, subtask: int) -> str:
     return f"s{subtask:04d}/f{task.fetch_id:010d}-{source:08d}-p{task.partition:05d}.arrow"
 
 
-def write_segment(path: str, data: bytes) -> None:
-    """A segment file, written whole (renamed into place on local disk: a checkpoint may
-    hard-link it as channel state, so it is never rewritten in place)."""
-    write_file(path, data)
-
-
 def read_range(task: FetchTask) -> tuple[list[bytes], list[bytes | None], list[int], int]:
     """Values, keys and offsets of at most ``max_records`` records from ``start``; the next
     offset."""
@@ -264,7 +258,8 @@ def fetch_and_partition(task: FetchTask, map_function: MapFunction) -> FetchResu
         for subtask, part in frame.groupby(subtasks, sort=True):
             data = to_ipc(part.reset_index(drop=True))
             name = segment_name(task, int(subtask))
-            write_segment(f"{task.channel_dir}/{name}", data)
+            # written whole (renamed into place on local disk): a checkpoint may hard-link it
+            write_file(f"{task.channel_dir}/{name}", data)
             segments.append((int(subtask), name, len(part), len(data)))
     return FetchResult(
         task.topic, task.partition, next_offset, records, segments, malformed[:10], bytes_read

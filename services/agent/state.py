@@ -168,14 +168,16 @@ def link_or_copy(source: str, target: str) -> None:
     never changed, so the link is a copy that costs no bytes), else a copy."""
     local_source, local_target = local_path(source), local_path(target)
     if local_source is not None and local_target is not None:
-        os.makedirs(os.path.dirname(local_target) or ".", exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(local_target)  # written before (a copy retried): replaced whole
-        try:
-            os.link(local_source, local_target)
-            return
-        except OSError:  # another file system, or links not supported
-            pass
+        for _ in range(2):  # one system call on the common path; a retry after a repair
+            try:
+                os.link(local_source, local_target)
+                return
+            except FileExistsError:  # written before (a copy retried): replaced whole
+                os.unlink(local_target)
+            except FileNotFoundError:  # the target's directory is new (else the copy says why)
+                os.makedirs(os.path.dirname(local_target) or ".", exist_ok=True)
+            except OSError:  # another file system, or links not supported
+                break
     copy_file(source, target)
 
 
