@@ -6,6 +6,7 @@ with every Flink 2.x option."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import threading
@@ -136,6 +137,44 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
     assert "committing a sink epoch failed" in str(agent.failures[0])
+
+
+def test_an_epoch_still_being_published_is_named_by_the_next_checkpoint(
+    coordinator: Running, spark: Any, topic: str, expected: list[Output]
+) -> None:
+    """The first commit is held until a later checkpoint has completed: that checkpoint's sink
+    manifests must still name the epoch (a restore from it publishes the epoch if the agent
+    died before the commit ended; dropped from the manifest, the epoch would be lost)."""
+    output = unique("stats")
+    job = build(unique("held"), topic, output, max_records=100)
+    agent = in_process(job, coordinator, spark)
+    publish = agent.sink.publish_epoch
+    held: list[int] = []
+    release = threading.Event()
+    named: list[bool] = []
+
+    def held_publish(epoch: int, outputs: list[str]) -> int:
+        if not held:
+            held.append(epoch)
+            release.wait(120)
+        return publish(epoch, outputs)
+
+    def check_once_a_later_checkpoint_completed(running: Agent) -> None:
+        later = [c for c in running.completed_checkpoints if held and c > held[0]]
+        if later and not release.is_set():
+            manifests = Path(running.latest_completed or "").glob("sink-*.json")
+            epochs = {e for m in manifests for e in json.loads(m.read_text())}
+            named.append(str(held[0]) in epochs)
+            release.set()
+
+    agent.sink.publish_epoch = held_publish  # type: ignore[method-assign]
+    agent.on_round = check_once_a_later_checkpoint_completed
+
+    status = agent.run()
+
+    assert status is JobStatus.FINISHED and named == [True]
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
 
 
 def test_fixed_delay_gives_up_after_its_attempts_and_keeps_the_checkpoints(
