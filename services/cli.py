@@ -18,6 +18,7 @@ from confluent_kafka import KafkaException
 from services.client import RestError
 from services.common.broker import BrokerError, wait_for_metadata
 from services.common.kafka import bootstrap_servers, make_admin
+from services.common.options import parse_memory
 from services.common.settings import ConfigError
 from services.common.topics import DEFAULT_PARTITIONS, TopicMismatch
 
@@ -46,6 +47,16 @@ def whole_number(text: str, minimum: int) -> int:
 
 def positive_int(text: str) -> int:
     return whole_number(text, 1)
+
+
+def memory_size(text: str) -> int:
+    try:
+        size = parse_memory(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return size
 
 
 def non_negative_int(text: str) -> int:
@@ -153,6 +164,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
+    from services.agent.channels import DEFAULT_CAPACITY_BYTES
     from services.agent.main import AgentFailed, run
     from services.agent.runtime import AgentOptions
     from services.common.events import JobStatus
@@ -174,6 +186,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         spark_settings=spark_settings,
         checkpoint_dir=args.checkpoint_dir,
         channel_dir=args.channel_dir,
+        capacity_bytes=args.channel_capacity or DEFAULT_CAPACITY_BYTES,
     )
     try:
         status = run(args.job, options, say)
@@ -417,6 +430,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH|URL",
         help="where stage-1 tasks write the segment files stage 2 reads (every executor must "
         "reach it; default: local disk on a local master, the checkpoint storage otherwise)",
+    )
+    agent.add_argument(
+        "--channel-capacity",
+        type=memory_size,
+        metavar="SIZE",
+        help="queued segment bytes per channel above which the source stops reading "
+        "(backpressure), and the room restored channel state enters a channel through "
+        "(default 256mb; e.g. 64kb, 1gb)",
     )
     agent.set_defaults(run=cmd_agent)
 

@@ -70,6 +70,18 @@ class Channel:
         self.appended_bytes += size
         return segment
 
+    def append_restored(
+        self, path: str, rows: int, size: int, key_groups: tuple[int, int] | None = None
+    ) -> Segment:
+        """Appends a segment of restored channel state: it precedes everything new, so every
+        barrier placed meanwhile moves behind it (no new input is queued while restored segments
+        still come in: `recovery.ChannelRecovery` holds stage 1 back)."""
+        segment = self.append(path, rows, size, key_groups=key_groups)
+        self.barriers = deque(
+            (checkpoint_id, segment.sequence) for checkpoint_id, _ in self.barriers
+        )
+        return segment
+
     @property
     def full(self) -> bool:
         return self.queued_bytes >= self.capacity

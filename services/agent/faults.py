@@ -6,7 +6,11 @@ the agent process with SIGKILL the n-th time (default: first) it passes the name
 - ``after-complete``: a checkpoint's completion arrived, before the sinks committed its epoch;
 - ``after-complete-in-flight``: the same, counting only checkpoints that persisted in-flight
   records as channel state (so a restore from it has channel state to process);
-- ``mid-publish``: the Kafka sink's transaction holds half of an epoch's records, not committed.
+- ``mid-publish``: the Kafka sink's transaction holds half of an epoch's records, not committed;
+- ``declined-in-recovery``: a trigger was declined TASK_NOT_READY while restored channel state
+  was still being split or processed (inside recovery);
+- ``during-recovery``: a job splitting restored channel state by owner finished, some of the
+  split segments maybe not yet in their channels.
 
 Nothing happens when the variable is unset.
 """
@@ -17,7 +21,10 @@ import os
 import signal
 import sys
 
-POINTS = ("mid-batch", "after-ack", "after-complete", "after-complete-in-flight", "mid-publish")
+POINTS = (
+    "mid-batch", "after-ack", "after-complete", "after-complete-in-flight", "mid-publish",
+    "declined-in-recovery", "during-recovery",
+)  # fmt: skip
 
 _passes: dict[str, int] = {}
 

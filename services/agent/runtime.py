@@ -46,6 +46,13 @@ from services.agent.faults import crash_point
 from services.agent.formats import JsonValues, ValueFormat
 from services.agent.job import FileSink, FileSource, Job, KafkaSink, KafkaSource
 from services.agent.membership import Membership, RegistrationRefused, Superseded
+from services.agent.recovery import (
+    FILTER_BATCH_BYTES,
+    ChannelRecovery,
+    FilterResult,
+    FilterTask,
+    filter_restored,
+)
 from services.agent.restore import (
     Restored,
     load,
@@ -75,7 +82,6 @@ from services.agent.state import (
     Version,
     delete_files,
     job_dirs,
-    link_or_copy,
     working_path,
 )
 from services.agent.traffic import DriverTraffic
@@ -103,7 +109,7 @@ from services.common.keygroups import key_group_range
 from services.common.limits import MAX_TEXT
 from services.common.options import in_families, normalise, without_effect
 from services.common.restarts import RestartConfig
-from services.common.settings import CheckpointConfig, RecoveryConfig
+from services.common.settings import CheckpointConfig, ConfigError, RecoveryConfig
 from services.common.storage import absolute
 from services.common.topics import CONTROL, JOBS
 
@@ -188,6 +194,7 @@ class Agent(SubtaskCheckpointing):
                 settings[key] = absolute(settings[key])
         self.config = CheckpointConfig.from_options(settings, CheckpointConfig())
         self.recovery = RecoveryConfig.from_options(settings)
+        check_during_recovery(self.config)
         self.restart_config = RestartConfig.from_options(settings)
         self.settings = settings
         self.no_effect = without_effect(settings)
@@ -449,8 +456,11 @@ class Agent(SubtaskCheckpointing):
     def _reset(self) -> None:
         """After a failure: completed epochs made visible where possible (the restore publishes
         the rest), a sink that may have failed renewed, sources and channels let go."""
+        restoring = getattr(self, "restoring", None)
         in_flight: list[Future[Any]] = [
-            f for f in (self._fetching, self._processing) if f is not None
+            f
+            for f in (self._fetching, self._processing, restoring and restoring.future)
+            if f is not None
         ]
         _, unfinished = wait(in_flight, RESET_WAIT_S)
         if unfinished and self.spark is not None:  # read and processed again after the restore
@@ -461,6 +471,7 @@ class Agent(SubtaskCheckpointing):
                 running.result()
         self._fetching = self._processing = None
         self._round = None
+        self.restoring = ChannelRecovery()
         remove_tree(self.channel_dir)
         try:
             self.committer.drain()
@@ -505,6 +516,7 @@ class Agent(SubtaskCheckpointing):
         restored = self._restored(restore) if restore is not None else None
         self._warm_up()
         self.channels = [Channel(i, self.options.capacity_bytes) for i in range(self.parallelism)]
+        self.restoring = ChannelRecovery()
         self.backend = StateBackend(self.state_dir)
         self.source = self._source_reader()
         if restored is not None:
@@ -553,10 +565,10 @@ class Agent(SubtaskCheckpointing):
         )  # fmt: skip
 
     def _adopt_channel_state(self, restored: Restored) -> None:
-        """Queues an unaligned checkpoint's channel state ahead of any new input: each subtask
-        gets the segments of the old subtasks whose key groups overlap its own (stage 2 keeps
-        its own rows), linked or copied into this run's channel directory, so they outlive the
-        checkpoint being subsumed. ``recover-without-channel-state.checkpoint-id`` drops them."""
+        """Lines up an unaligned checkpoint's channel state ahead of any new input: each subtask
+        gets the segments of the old subtasks whose key groups overlap its own, queued at once
+        or, with during-recovery checkpoints, filtered first (`recovery`).
+        ``recover-without-channel-state.checkpoint-id`` drops them."""
         if restored.checkpoint_id == self.recovery.without_channel_state_checkpoint_id:
             log.warning(
                 "job %s: DROPPING the channel state of checkpoint %d (%d segments, %d rows) as "
@@ -567,25 +579,34 @@ class Agent(SubtaskCheckpointing):
             )  # fmt: skip
             return
         shares = channel_state.assign(restored.channel_state, self.ranges)
-        for subtask, files in shares.items():
-            for state_file in files:
-                name = (
-                    f"s{subtask:04d}/c{restored.checkpoint_id:010d}-"
-                    f"{state_file.old_subtask:04d}-{state_file.order:05d}.arrow"
-                )
-                link_or_copy(state_file.path, f"{self.channel_dir}/{name}")
-                mine = self.ranges[subtask]
-                overlap = (
-                    max(mine.start, state_file.key_groups[0]),
-                    min(mine.end, state_file.key_groups[1]),
-                )
-                self.channels[subtask].append(
-                    name, state_file.rows, state_file.size, key_groups=overlap
-                )
-        log.info(
-            "job %s: %d segments of channel state queued ahead of new input",
-            self.job_id, sum(len(f) for f in shares.values()),
+        self.restoring = ChannelRecovery.adopt(
+            restored.checkpoint_id, shares, self.ranges, self.channels, self.channel_dir,
+            self.config.unaligned_during_recovery,
+            min(FILTER_BATCH_BYTES, self.options.capacity_bytes),
         )  # fmt: skip
+        log.info(
+            "job %s: %d segments of channel state queued ahead of new input%s",
+            self.job_id, sum(len(f) for f in shares.values()),
+            f" ({len(self.restoring.filtering())} subtasks filter theirs first)"
+            if self.restoring.during_recovery else "",
+        )  # fmt: skip
+
+    def _recover_channels(self) -> bool:
+        """Filter jobs and admission of restored channel state (`recovery`)."""
+        if not self.restoring.waiting and self.restoring.future is None:
+            return False
+        return self.restoring.step(
+            self.channels,
+            self.channel_dir,
+            self.max_parallelism,
+            lambda t: self.stage1.submit(self._run_filter, t),
+        )
+
+    def _run_filter(self, tasks: list[FilterTask]) -> list[FilterResult]:
+        sc = self._spark().sparkContext
+        sc.setLocalProperty("spark.scheduler.pool", "recovery")  # shares the cores with stage 2
+        self.traffic.start_job(sc, f"{self.job_id} filter restored channel state", tasks)
+        return sc.parallelize(tasks, len(tasks)).map(filter_restored).collect()  # type: ignore[no-any-return]
 
     def _restored(self, restore: str) -> Restored | None:
         """The snapshot to restore. ``latest`` is the job's own (as a failover restores it);
@@ -734,6 +755,7 @@ class Agent(SubtaskCheckpointing):
                 return
             busy = self._collect_fetch(wait=False)
             busy |= self._collect_process(wait=False)
+            busy |= self._recover_channels()
             # stage 2 is submitted first and its Spark pool has priority (services.agent.spark):
             # the records a round brought are processed before the next round is read, while
             # stage 1 of the next round uses the cores stage 2 leaves
@@ -775,7 +797,8 @@ class Agent(SubtaskCheckpointing):
         return [path for _, path in staged]
 
     def _drained(self) -> bool:
-        return all(not c.segments for c in self.channels)
+        """Nothing queued, and no restored channel state still on its way into a channel."""
+        return all(not c.segments for c in self.channels) and not self.restoring.holds_input()
 
     # --- stage 1 ---------------------------------------------------------------------------------
 
@@ -784,6 +807,8 @@ class Agent(SubtaskCheckpointing):
         One is in flight at a time; none while a channel is full (backpressure)."""
         if self._fetching is not None or any(c.full for c in self.channels):
             return
+        if self.restoring.holds_input():
+            return  # restored channel state enters the channels first
         partitions = self.source.readable()
         if not partitions:
             return
@@ -959,6 +984,29 @@ class Agent(SubtaskCheckpointing):
         self._announce(status)
         self.status = status
         return True
+
+
+def check_during_recovery(config: CheckpointConfig) -> None:
+    """Checkpoints during recovery need unaligned checkpoints and restored output on the
+    downstream side (FLIP-547): refused at start otherwise."""
+    if config.unaligned_during_recovery and not (
+        config.unaligned and config.unaligned_recover_output_on_downstream
+    ):
+        missing = [
+            f"execution.checkpointing.{name}: true"
+            for name, value in (
+                ("unaligned.enabled", config.unaligned),
+                (
+                    "unaligned.recover-output-on-downstream.enabled",
+                    config.unaligned_recover_output_on_downstream,
+                ),
+            )
+            if not value
+        ]
+        raise ConfigError(
+            "execution.checkpointing.unaligned.during-recovery.enabled",
+            f"checkpoints during recovery need {' and '.join(missing)}",
+        )
 
 
 def remove_tree(url: str) -> None:

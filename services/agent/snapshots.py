@@ -28,6 +28,7 @@ from services.agent import channel_state
 from services.agent.alignment import BarrierPolicy, Decision
 from services.agent.channels import Channel, Segment, SegmentFiles
 from services.agent.faults import crash_point
+from services.agent.recovery import ChannelRecovery
 from services.agent.restore import SOURCE_FORMAT
 from services.agent.sinks import EpochCommitter
 from services.agent.sources.files import FileSourceReader
@@ -128,6 +129,7 @@ class SubtaskCheckpointing:
     shared_dir: str
     channel_dir: str
     channels: list[Channel]
+    restoring: ChannelRecovery
     segment_files: SegmentFiles
     source: KafkaSourceReader | FileSourceReader
     backend: StateBackend
@@ -164,6 +166,16 @@ class SubtaskCheckpointing:
             return  # read again, or older than the restored checkpoint
         self.highest_trigger = checkpoint_id
         pending = PendingSnapshot(trigger, time.monotonic(), final=self.end_of_input)
+        not_ready = self.restoring.not_ready(self.channels)
+        if not_ready is not None:  # recovering (services.agent.recovery): not counted as a failure
+            subtask, why = not_ready
+            log.info(
+                "job %s: checkpoint %d declined, %s %s", self.job_id, checkpoint_id, subtask, why
+            )
+            reason = CheckpointFailureReason.CHECKPOINT_DECLINED_TASK_NOT_READY
+            self._decline(pending, subtask, reason, f"{subtask} {why}")
+            crash_point("declined-in-recovery")
+            return
         self.pending[checkpoint_id] = pending
         at_least_once = (
             self.config.mode is CheckpointingMode.AT_LEAST_ONCE
@@ -217,7 +229,9 @@ class SubtaskCheckpointing:
             pending = self.pending[checkpoint_id]
             if pending.snapshotted:
                 continue
-            aligned = all(c.aligned(checkpoint_id) for c in self.channels)
+            aligned = all(c.aligned(checkpoint_id) for c in self.channels) and not any(
+                self.restoring.waiting.values()
+            )  # restored segments still waiting to enter a channel precede every barrier
             policy = pending.policy
             decision = policy.decide(aligned, now) if policy else Decision.ALIGNED
             if decision is Decision.WAIT:
@@ -240,7 +254,9 @@ class SubtaskCheckpointing:
         pending.unaligned = unaligned
         pending.aligned_ms = int((time.monotonic() - pending.received) * 1000)
         in_flight = {
-            i: channel.before_barrier(checkpoint_id) if unaligned else []
+            i: channel.before_barrier(checkpoint_id) + self.restoring.spilled_segments(i)
+            if unaligned
+            else []
             for i, channel in enumerate(self.channels)
         }
         for channel in self.channels:
@@ -427,10 +443,16 @@ class SubtaskCheckpointing:
             return False
         del self.pending[checkpoint_id]
         self.backend.complete(checkpoint_id, event.is_savepoint)
+        restored = (
+            self.restoring.restored_queued(self.channels) if self.restoring.during_recovery else 0
+        )
+        log.info(
+            "job %s: checkpoint %d completed%s", self.job_id, checkpoint_id,
+            f" during recovery ({restored} restored segments not processed yet)" if restored else "",
+        )  # fmt: skip
         crash_point("after-complete")
         if pending.persisted:
             crash_point("after-complete-in-flight")
-        log.info("job %s: checkpoint %d completed", self.job_id, checkpoint_id)
         for epoch in sorted(e for e in self.sealed if e <= checkpoint_id):
             outputs = self.sealed.pop(epoch)
             if outputs:

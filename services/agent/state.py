@@ -28,7 +28,7 @@ import posixpath
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import fsspec
@@ -122,7 +122,7 @@ def local_path(url: str) -> str | None:
     return None if "://" in url else url
 
 
-def write_file(path: str, data: bytes) -> None:
+def write_file(path: str, data: bytes | memoryview) -> None:
     """Writes a whole file. On local disk it is written under a temporary name and renamed into
     place: a file is never changed in place, so a hard link to it (`link_or_copy`) keeps what
     it held even if the path is written again."""
@@ -131,20 +131,54 @@ def write_file(path: str, data: bytes) -> None:
         with fsspec.open(path, "wb", auto_mkdir=True) as out:
             out.write(data)
         return
+    with into_place(local) as temporary, open(temporary, "wb") as target:
+        target.write(data)
+
+
+@contextlib.contextmanager
+def into_place(local: str) -> Iterator[str]:
+    """A temporary name beside ``local`` to write to; renamed to ``local`` when the block ends,
+    removed if it fails."""
     temporary = f"{local}.{uuid.uuid4().hex[:12]}.tmp"
     try:
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     except FileNotFoundError:
         os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(descriptor, "wb") as target:
-            target.write(data)
+        yield temporary
         os.replace(temporary, local)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def write_table(path: str, table: pa.Table) -> int:
+    """Writes ``table`` as an Arrow IPC stream file, put in place as `write_file` does; returns
+    its bytes. On local disk the stream goes straight into the file (no copy in memory)."""
+    local = local_path(path)
+    if local is None:
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        data = sink.getvalue()
+        write_file(path, memoryview(data))
+        return int(data.size)
+    with into_place(local) as temporary, pa.OSFile(temporary, "wb") as out:
+        with ipc.new_stream(out, table.schema) as writer:
+            writer.write_table(table)
+        return int(out.tell())
+
+
+def read_table(path: str) -> tuple[pa.Table, int]:
+    """An Arrow IPC stream file as a table, and the file's bytes: memory-mapped on local disk
+    (its pages are not copied into the process), read whole elsewhere."""
+    local = local_path(path)
+    if local is None:
+        data = read_file(path)
+        return ipc.open_stream(pa.BufferReader(data)).read_all(), len(data)
+    source = pa.memory_map(local)  # the table's buffers keep the mapping alive
+    return ipc.open_stream(source).read_all(), int(source.size())
 
 
 def read_file(path: str) -> bytes:

@@ -6,15 +6,20 @@ the committed output is still exactly the reference."""
 from __future__ import annotations
 
 import json
+import random
 import re
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from services.agent import channel_state
 from services.agent.runtime import Agent
+from services.agent.stages import KEY_GROUP_COLUMN, from_ipc
 from services.common.events import JobStatus
+from services.common.keygroups import key_group_range
 from tests import agent_jobs
 from tests.agent_jobs import Slow, build
 from tests.integration.test_agent import (
@@ -65,7 +70,10 @@ def test_unaligned_checkpoints_through_kills_and_rescales_2_4_1_commit_exactly_t
     """Every checkpoint unaligned at once; killed after the second completed checkpoint that
     persisted queued records (whether one does depends on timing, so the kill waits for it),
     restored with parallelism 4 (each new subtask keeps its own rows of the old subtasks'
-    channel state), killed again the same way, then run to the end with parallelism 1."""
+    channel state) and checkpoints during recovery off: triggers are declined TASK_NOT_READY
+    while the restored records are processed, and the agent is killed at such a decline, inside
+    recovery. The last run, parallelism 1, restores the same checkpoint again and runs to the
+    end."""
     monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED))
     monkeypatch.setenv("TEST_SLOW_MS", str(SLOW_MS))
     name, output = unique("unaligned"), unique("stats")
@@ -81,9 +89,11 @@ def test_unaligned_checkpoints_through_kills_and_rescales_2_4_1_commit_exactly_t
     assert killed(first), first.stderr[-3000:]
     second = agent_process(
         coordinator, name, payments_topic, output, "--restore", "latest", "--parallelism", "4",
-        crash_at="after-complete-in-flight:2", max_records=400,
+        crash_at="declined-in-recovery:2", max_records=400,
     )  # fmt: skip
     assert killed(second), second.stderr[-3000:]
+    assert "during-recovery.enabled is false: no checkpoint until recovery ends" in second.stderr
+    assert not re.search(r"checkpoint \d+ completed", second.stderr), "none inside recovery"
     third = agent_process(
         coordinator, name, payments_topic, output, "--restore", "latest", "--parallelism", "1",
         max_records=400,
@@ -151,5 +161,75 @@ def test_the_aligned_timeout_switches_checkpoints_and_a_patch_turns_unaligned_of
     ]  # the trigger after the PATCH may have been on its way
     assert after, "checkpoints completed after the PATCH"
     assert all(c["checkpoint_type"] == "CHECKPOINT" for c in after), after
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+
+
+DURING_RECOVERY = UNALIGNED | {
+    "execution.checkpointing.unaligned.recover-output-on-downstream.enabled": "true",
+    "execution.checkpointing.unaligned.during-recovery.enabled": "true",
+    "execution.checkpointing.interval": "300ms",
+}
+
+
+def test_a_checkpoint_during_recovery_after_a_rescale_persists_only_owned_rows_and_output_stays_exact(
+    coordinator: Running,
+    payments_topic: str,
+    expected: list[Output],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FLIP-547 on real Spark. Parallelism 2, killed after a checkpoint that carried in-flight
+    records; restored with parallelism 4, checkpoints during recovery on and channels of one byte
+    (filtered segments wait on disk), stage 2 slow: a checkpoint completes while restored
+    segments are still unprocessed, and the agent is killed right after it, inside recovery.
+    The third run (parallelism 1, during-recovery on or off at random) restores that checkpoint
+    and runs to the end. The checkpoint's channel state holds only rows of its subtasks' own key
+    groups (the restored files spanned two new subtasks each), and the output is the reference."""
+    during_last = random.Random().random() < 0.5
+    print(f"third run with during-recovery {'on' if during_last else 'off'}")
+    monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED))
+    monkeypatch.setenv("TEST_SLOW_MS", str(SLOW_MS))
+    name, output = unique("recovering"), unique("stats")
+    first = agent_process(
+        coordinator, name, payments_topic, output,
+        crash_at="after-complete-in-flight:2", max_records=400,
+    )  # fmt: skip
+    assert killed(first), first.stderr[-3000:]
+
+    monkeypatch.setenv("TEST_SETTINGS", json.dumps(DURING_RECOVERY))
+    monkeypatch.setenv("TEST_SLOW_MS", str(5 * SLOW_MS))
+    second = agent_process(
+        coordinator, name, payments_topic, output, "--restore", "latest", "--parallelism", "4",
+        "--channel-capacity", "1", crash_at="after-complete-in-flight:1", max_records=400,
+    )  # fmt: skip
+    assert killed(second), second.stderr[-3000:]
+    assert "subtasks filter theirs first" in second.stderr
+    assert re.search(r"checkpoint \d+ completed during recovery", second.stderr), second.stderr[
+        -3000:
+    ]
+    with coordinator.client() as client:
+        history = client.get(f"/jobs/{name}/checkpoints").json()["history"]
+    during = max(
+        (c for c in history if c["status"] == "COMPLETED"), key=lambda c: int(c["id"])
+    )  # the checkpoint the second run was killed after
+    manifests = sorted(Path(during["external_path"]).glob("channel-*.json"))
+    assert manifests, "it carried channel state"
+    for manifest in manifests:
+        subtask = int(manifest.stem.split("-")[1])
+        owned = key_group_range(128, 4, subtask)
+        for state_file in channel_state.read_manifest(str(manifest), subtask):
+            groups = from_ipc(state_file.path)[KEY_GROUP_COLUMN]
+            assert groups.between(owned.start, owned.end).all(), (manifest, state_file)
+
+    monkeypatch.setenv("TEST_SETTINGS", json.dumps(DURING_RECOVERY if during_last else UNALIGNED))
+    monkeypatch.setenv("TEST_SLOW_MS", "0")
+    third = agent_process(
+        coordinator, name, payments_topic, output, "--restore", "latest", "--parallelism", "1",
+        max_records=400,
+    )  # fmt: skip
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert queued_channel_state(third.stderr) > 0, (
+        "the checkpoint taken in recovery had channel state"
+    )
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)

@@ -1,0 +1,359 @@
+"""Restored channel state on its way into the channels, and whether the job may checkpoint
+meanwhile (FLIP-547, checkpointing during recovery).
+
+An unaligned checkpoint's channel state is a run of segment files per old subtask, each tagged
+with the key groups whose rows in it were that subtask's. After a rescale a file overlaps
+several new subtasks, and each keeps only its own rows.
+
+- **Without** ``execution.checkpointing.unaligned.during-recovery.enabled`` (Flink's behaviour
+  before FLIP-547): every restored file is queued at once, ahead of any new input, and stage 2
+  keeps the subtask's rows of each while processing it. Every trigger is declined
+  ``TASK_NOT_READY`` (not a failure) until the restored segments are processed: a checkpoint
+  never persists a restored record, and progress made during recovery is not recorded.
+- **With** it: a file whose rows all belong to the subtask (no rescale) is queued as it is.
+  Files of another parallelism are *filtered* by executor tasks, a Spark job in a pool of its
+  own that shares the cores with stage 2 (processing goes on beside it): each task reads a run
+  of restored files once and splits its rows by owner, one new segment file per new subtask
+  (as Flink's filtering, which every new subtask does on its own copy, but reading each file
+  once: a rescale to 10 does not read the channel state 10 times). A
+  segment enters its channel while the channel has room (the seed's P1, buffer available), waits
+  on the channel storage otherwise ("spilled", P2) and enters as the channel drains (P3, replay),
+  always in the restored order and ahead of new input: stage 1 is held back until every restored
+  segment is queued (the seed's 4.6). A trigger is declined ``TASK_NOT_READY`` while any file is
+  still unfiltered; from then on checkpoints are taken, and their channel state is the filtered
+  segments still queued or spilled. A restored record another subtask owns is never persisted
+  again, so channel state does not grow across rescales (1 -> 10 -> 1 -> 10 persists the bytes
+  of the original in-flight records once, where Flink before the FLIP persisted them 10x, then
+  100x).
+
+Channel buffers here are files already (the channel capacity, ``--channel-capacity``, is the
+budget of buffered bytes that backpressure and admission count), so a spilled segment is a
+filtered file not yet counted in its channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from services.agent.channel_state import ChannelStateFile
+from services.agent.channels import Channel, Segment
+from services.agent.faults import crash_point
+from services.agent.stages import KEY_GROUP_COLUMN
+from services.agent.state import link_or_copy, read_table, write_table
+from services.common.keygroups import KeyGroupRange, operator_indexes
+
+log = logging.getLogger(__name__)
+
+FILTER_BATCH_BYTES = 64 * 1024 * 1024
+"""Restored bytes one filter task reads (and holds) at most: its output is one segment file per
+new subtask."""
+
+
+# --- executor side ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FilterTask:
+    """A run of restored files to split among the new subtasks: only paths travel."""
+
+    batch: int
+    files: list[tuple[str, tuple[int, int]]]
+    """(restored file, the key groups whose rows in it are to be kept), in the restored order."""
+    max_parallelism: int
+    parallelism: int
+    channel_dir: str
+    prefix: str
+    """Output files are ``<channel_dir>/s<subtask>/<prefix>.arrow``."""
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    batch: int
+    outputs: dict[int, tuple[str, int, int]]
+    """New subtask -> (segment file relative to the channel directory, rows, bytes), for every
+    subtask that got rows."""
+    read_bytes: int
+
+
+def filter_restored(task: FilterTask) -> FilterResult:
+    """Reads the task's restored files once, keeps each file's rows of its key groups, and writes
+    every new subtask's rows, in their restored order, as one segment file of its own."""
+    kept: list[pa.Table] = []
+    read = 0
+    for path, (first, last) in task.files:
+        table, size = read_table(path)
+        read += size
+        groups = table[KEY_GROUP_COLUMN]
+        bounds = pc.min_max(groups)
+        if table.num_rows and not (
+            first <= bounds["min"].as_py() and bounds["max"].as_py() <= last
+        ):
+            # only files written before filtering existed hold rows outside their key groups
+            table = table.filter(
+                pc.and_(pc.greater_equal(groups, first), pc.less_equal(groups, last))
+            )
+        kept.append(table)
+    kept = [t for t in kept if t.num_rows]
+    if not kept:
+        return FilterResult(task.batch, {}, read)
+    table = pa.concat_tables(kept, promote_options="permissive")  # chunks side by side, no copy
+    groups = table[KEY_GROUP_COLUMN].to_numpy()
+    owners = operator_indexes(task.max_parallelism, task.parallelism, groups)
+    outputs: dict[int, tuple[str, int, int]] = {}
+    for subtask, rows in enumerate(np.bincount(owners, minlength=task.parallelism).tolist()):
+        if rows:
+            part = table.filter(pa.array(owners == subtask))  # a subtask's rows keep their order
+            name = f"s{subtask:04d}/{task.prefix}.arrow"
+            size = write_table(f"{task.channel_dir}/{name}", part)  # renamed into place
+            outputs[subtask] = (name, rows, size)
+    return FilterResult(task.batch, outputs, read)
+
+
+# --- driver side ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    """Restored files that span several new subtasks, split by one filter task."""
+
+    number: int
+    files: list[ChannelStateFile] = field(default_factory=list)
+    in_flight: bool = False
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+@dataclass
+class Unfiltered:
+    """A subtask's place in the restored order for its rows of a batch not split yet."""
+
+    batch: Batch
+
+
+@dataclass
+class Ready:
+    """A segment file under the channel directory, waiting for room in its channel."""
+
+    path: str
+    rows: int
+    size: int
+    key_groups: tuple[int, int] | None
+
+
+@dataclass
+class ChannelRecovery:
+    """The restored channel state of one attempt, per subtask in the restored order."""
+
+    checkpoint_id: int = 0
+    during_recovery: bool = False
+    waiting: dict[int, deque[Unfiltered | Ready]] = field(default_factory=dict)
+    batches: list[Batch] = field(default_factory=list)
+    """Batches not split yet, in the restored order."""
+    restored_through: dict[int, int] = field(default_factory=dict)
+    """Per channel, the sequence of its last restored segment (the recovery without
+    during-recovery ends once the channels have processed past it)."""
+    future: Future[list[FilterResult]] | None = None
+    spilled: int = 0
+    """Filtered segments that could not enter their channel at once (P2)."""
+    filtered_rows: int = 0
+    read_bytes: int = 0
+    filter_started: float | None = None
+    filter_ended: float | None = None
+    """Monotonic times of the first filter job's submission and of the last one's result."""
+
+    @classmethod
+    def adopt(
+        cls, checkpoint_id: int, shares: dict[int, list[ChannelStateFile]],
+        ranges: Sequence[KeyGroupRange], channels: list[Channel], channel_dir: str,
+        during_recovery: bool, batch_bytes: int = FILTER_BATCH_BYTES,
+    ) -> ChannelRecovery:  # fmt: skip
+        """Queues (or, with during-recovery, lines up for splitting) each subtask's share. A file
+        within one subtask's key groups is that subtask's as it is (no rescale, or an earlier
+        rescale already split it); the others are split, ``batch_bytes`` of them per filter
+        task at most (at least one file; the agent passes its channel capacity when that is
+        smaller, so a filtered segment fits a channel)."""
+        recovery = cls(checkpoint_id, during_recovery)
+        batch_of: dict[tuple[int, int], Batch] = {}
+        spanning = sorted(
+            {(f.old_subtask, f.order): f for files in shares.values() for f in files
+             if during_recovery and not any(r.start <= f.key_groups[0] and f.key_groups[1] <= r.end for r in ranges)}.values(),
+            key=lambda f: (f.old_subtask, f.order),
+        )  # fmt: skip
+        for state_file in spanning:
+            batch = recovery.batches[-1] if recovery.batches else None
+            if batch is None or batch.size + state_file.size > batch_bytes:
+                batch = Batch(len(recovery.batches) + 1)
+                recovery.batches.append(batch)
+            batch.files.append(state_file)
+            batch_of[(state_file.old_subtask, state_file.order)] = batch
+        for subtask, files in shares.items():
+            mine = ranges[subtask]
+            queue: deque[Unfiltered | Ready] = deque()
+            for state_file in files:
+                batch = batch_of.get((state_file.old_subtask, state_file.order))
+                if batch is not None:
+                    if not (
+                        queue and isinstance(queue[-1], Unfiltered) and queue[-1].batch is batch
+                    ):
+                        queue.append(Unfiltered(batch))
+                    continue
+                first, last = state_file.key_groups
+                name = (
+                    f"s{subtask:04d}/c{checkpoint_id:010d}-"
+                    f"{state_file.old_subtask:04d}-{state_file.order:05d}.arrow"
+                )
+                link_or_copy(state_file.path, f"{channel_dir}/{name}")
+                overlap = (max(mine.start, first), min(mine.end, last))
+                queue.append(Ready(name, state_file.rows, state_file.size, overlap))
+            recovery.waiting[subtask] = queue
+        recovery.admit(channels, force=not during_recovery)
+        return recovery
+
+    # --- what the loop asks -------------------------------------------------------------------------
+
+    def filtering(self) -> list[int]:
+        """Subtasks with restored rows still to be split out of a batch."""
+        return [
+            i for i, queue in self.waiting.items() if any(isinstance(e, Unfiltered) for e in queue)
+        ]
+
+    def not_ready(self, channels: list[Channel]) -> tuple[str, str] | None:
+        """(subtask, why) when a trigger must be declined TASK_NOT_READY now, else None."""
+        if self.during_recovery:
+            pending = self.filtering()
+            if pending:
+                files = sum(len(b.files) for b in self.batches)
+                return f"keyed-{pending[0]}", (
+                    f"still filtering restored channel state of checkpoint {self.checkpoint_id} "
+                    f"({files} files left for {len(pending)} subtasks)"
+                )
+            return None
+        for i, last in self.restored_through.items():
+            segments = channels[i].segments
+            if segments and segments[0].sequence <= last:
+                return f"keyed-{i}", (
+                    f"still processing restored channel state of checkpoint "
+                    f"{self.checkpoint_id} (execution.checkpointing.unaligned.during-recovery."
+                    "enabled is false: no checkpoint until recovery ends)"
+                )
+        self.restored_through.clear()
+        return None
+
+    def restored_queued(self, channels: list[Channel]) -> int:
+        """Restored segments not processed yet: waiting, or queued in a channel."""
+        queued = sum(
+            sum(1 for s in channels[i].segments if s.sequence <= last)
+            for i, last in self.restored_through.items()
+        )
+        return queued + sum(len(queue) for queue in self.waiting.values())
+
+    def holds_input(self) -> bool:
+        """New input waits while restored segments are still to enter the channels."""
+        return any(self.waiting.values())
+
+    def spilled_segments(self, subtask: int) -> list[Segment]:
+        """The filtered segments of ``subtask`` not in its channel yet: part of an unaligned
+        snapshot's channel state (all of them precede any barrier)."""
+        return [
+            Segment(0, e.path, e.rows, e.size, key_groups=e.key_groups)
+            for e in self.waiting.get(subtask, ())
+            if isinstance(e, Ready)
+        ]
+
+    # --- the loop's work -----------------------------------------------------------------------------
+
+    def admit(self, channels: list[Channel], force: bool = False) -> bool:
+        """Moves ready segments into their channels, in order, while each has room (all of them
+        when ``force``); true when any moved."""
+        moved = False
+        for i, queue in self.waiting.items():
+            channel = channels[i]
+            while queue and isinstance(queue[0], Ready) and (force or not channel.full):
+                entry = queue.popleft()
+                assert isinstance(entry, Ready)
+                segment = channel.append_restored(
+                    entry.path, entry.rows, entry.size, entry.key_groups
+                )
+                self.restored_through[i] = segment.sequence
+                moved = True
+        for i in [i for i, queue in self.waiting.items() if not queue]:
+            del self.waiting[i]
+        return moved
+
+    def next_filters(
+        self, channel_dir: str, max_parallelism: int, parallelism: int, wave: int
+    ) -> list[FilterTask]:
+        """Tasks for the next ``wave`` batches, in the restored order."""
+        tasks = []
+        for batch in [b for b in self.batches if not b.in_flight][:wave]:
+            batch.in_flight = True
+            files = [(f.path, f.key_groups) for f in batch.files]
+            prefix = f"r{self.checkpoint_id:010d}-{batch.number:06d}"
+            tasks.append(
+                FilterTask(batch.number, files, max_parallelism, parallelism, channel_dir, prefix)
+            )
+        return tasks
+
+    def step(
+        self, channels: list[Channel], channel_dir: str, max_parallelism: int,
+        submit: Callable[[list[FilterTask]], Future[list[FilterResult]]],
+    ) -> bool:  # fmt: skip
+        """Applies a finished filter job, admits what has room, submits the next filter job.
+        True when anything changed."""
+        changed = False
+        if self.future is not None and self.future.done():
+            results, self.future = self.future.result(), None  # a failure fails the job here
+            for result in results:
+                self._split(result, channels)
+            changed = True
+            if not self.batches:
+                self.filter_ended = time.monotonic()
+                log.info(
+                    "checkpoint %d's channel state filtered: %d rows kept of %d bytes read, %d "
+                    "segments spilled while channels were full; checkpoints are taken from now on",
+                    self.checkpoint_id, self.filtered_rows, self.read_bytes, self.spilled,
+                )  # fmt: skip
+            crash_point("during-recovery")
+        changed |= self.admit(channels)
+        if self.future is None and self.batches:
+            # the first job splits a batch per subtask, so processing starts early; the next
+            # one all the rest (one Spark job's fixed cost, not one per batch)
+            wave = len(channels) if self.filter_started is None else len(self.batches)
+            tasks = self.next_filters(channel_dir, max_parallelism, len(channels), wave)
+            if self.filter_started is None:
+                self.filter_started = time.monotonic()
+            self.future = submit(tasks)
+            changed = True
+        return changed
+
+    def _split(self, result: FilterResult, channels: list[Channel]) -> None:
+        batch = next(b for b in self.batches if b.number == result.batch)
+        self.batches.remove(batch)
+        self.read_bytes += result.read_bytes
+        for subtask, queue in self.waiting.items():
+            index = next(
+                (k for k, e in enumerate(queue) if isinstance(e, Unfiltered) and e.batch is batch),
+                None,
+            )
+            if index is None:
+                continue
+            output = result.outputs.get(subtask)
+            if output is None:
+                del queue[index]
+                continue
+            name, rows, size = output
+            self.filtered_rows += rows
+            queue[index] = Ready(name, rows, size, None)
+            if index > 0 or channels[subtask].full:
+                self.spilled += 1

@@ -1,0 +1,223 @@
+"""Restored channel state on real files (FLIP-547, `services.agent.recovery`): filtered by the
+executor function itself (run inline here instead of in a Spark job), admitted into real
+channels, persisted again by `channel_state.persist` and restored again, across the seed's
+rescale chain 1 -> 10 -> 1 -> 10."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from services.agent import channel_state
+from services.agent.channels import Channel, Segment
+from services.agent.recovery import ChannelRecovery, FilterResult, FilterTask, filter_restored
+from services.agent.runtime import check_during_recovery
+from services.agent.stages import KEY_GROUP_COLUMN, from_ipc, to_ipc
+from services.common.keygroups import key_group_range, key_groups
+from services.common.settings import CheckpointConfig, ConfigError
+
+MAX_PARALLELISM = 128
+RECORDS_PER_SEGMENT = 2_000
+SEGMENTS = 5
+
+
+def ranges(parallelism: int) -> list:
+    return [key_group_range(MAX_PARALLELISM, parallelism, i) for i in range(parallelism)]
+
+
+def inline(tasks: list[FilterTask]) -> Future[list[FilterResult]]:
+    """What the agent's Spark job does with the tasks, on this thread."""
+    done: Future[list[FilterResult]] = Future()
+    done.set_result([filter_restored(task) for task in tasks])
+    return done
+
+
+def in_flight_segments(channel_dir: Path) -> list[Segment]:
+    """A parallelism-1 job's in-flight records: segments as stage 1 writes them."""
+    segments = []
+    for k in range(SEGMENTS):
+        users = [f"u{(k * RECORDS_PER_SEGMENT + n) % 997}" for n in range(RECORDS_PER_SEGMENT)]
+        frame = pd.DataFrame({"user": users, "amount": range(RECORDS_PER_SEGMENT)})
+        frame[KEY_GROUP_COLUMN] = key_groups(frame["user"].to_numpy(), MAX_PARALLELISM)
+        data = to_ipc(frame)
+        name = f"s0000/f{k:010d}.arrow"
+        (channel_dir / "s0000").mkdir(parents=True, exist_ok=True)
+        (channel_dir / name).write_bytes(data)
+        segments.append(Segment(k + 1, name, len(frame), len(data)))
+    return segments
+
+
+def checkpoint(
+    channels: list[Channel], recovery: ChannelRecovery, channel_dir: Path, target: Path
+) -> list[channel_state.ChannelStateFile]:
+    """An unaligned snapshot of every subtask (nothing processed), read back as a restore reads
+    it."""
+    target.mkdir(parents=True)
+    files = []
+    for i, channel in enumerate(channels):
+        in_flight = list(channel.segments) + recovery.spilled_segments(i)
+        groups = key_group_range(MAX_PARALLELISM, len(channels), i)
+        handles, _ = channel_state.persist(
+            in_flight, str(channel_dir), str(target), i, (groups.start, groups.end)
+        )
+        if handles:
+            files += channel_state.read_manifest(handles[0].path, i)
+    return files
+
+
+def restore(
+    files: list[channel_state.ChannelStateFile], parallelism: int, channel_dir: Path,
+    during_recovery: bool = True, capacity: int = 1 << 30,
+) -> tuple[list[Channel], ChannelRecovery]:  # fmt: skip
+    new_ranges = ranges(parallelism)
+    channels = [Channel(i, capacity) for i in range(parallelism)]
+    shares = channel_state.assign(files, new_ranges)
+    recovery = ChannelRecovery.adopt(
+        7, shares, new_ranges, channels, str(channel_dir), during_recovery, batch_bytes=capacity
+    )
+    return channels, recovery
+
+
+def recover(recovery: ChannelRecovery, channels: list[Channel], channel_dir: Path) -> int:
+    """Steps until every file is filtered; returns how many steps declined a trigger."""
+    for declined in range(100):
+        if recovery.not_ready(channels) is None:
+            return declined
+        recovery.step(channels, str(channel_dir), MAX_PARALLELISM, inline)
+    raise AssertionError("filtering never ended")
+
+
+def rows(files: list[channel_state.ChannelStateFile]) -> pd.DataFrame:
+    frames = [from_ipc(f.path) for f in files]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def test_the_rescale_chain_1_10_1_10_persists_each_in_flight_record_once(tmp_path: Path) -> None:
+    """Checkpoints during each recovery hold every original record exactly once, each in a file
+    of the subtask owning its key group: the bytes stay those of the original (Flink before
+    FLIP-547: 10x, then 100x)."""
+    original_segments = in_flight_segments(tmp_path / "run0")
+    original = rows([
+        channel_state.ChannelStateFile(0, k, str(tmp_path / "run0" / s.path), s.rows, s.size, (0, 127))
+        for k, s in enumerate(original_segments)
+    ])  # fmt: skip
+    original_bytes = sum(s.size for s in original_segments)
+    channel = Channel(0)
+    for segment in original_segments:
+        channel.append(segment.path, segment.rows, segment.size)
+    files = checkpoint([channel], ChannelRecovery(), tmp_path / "run0", tmp_path / "chk-1")
+    persisted_bytes: list[int] = []
+    for step, parallelism in enumerate([10, 1, 10], start=2):
+        channel_dir = tmp_path / f"run{step}"
+        channels, recovery = restore(files, parallelism, channel_dir)
+        declined = recover(recovery, channels, channel_dir)
+        # only the first rescale filters: later, every file's key groups lie in one subtask's
+        assert (declined > 0) == (step == 2), "triggers wait while files are filtered"
+        assert recovery.read_bytes == (original_bytes if step == 2 else 0), "each file read once"
+        files = checkpoint(channels, recovery, channel_dir, tmp_path / f"chk-{step}")
+
+        persisted = rows(files)
+        assert len(persisted) == len(original), f"after the rescale to {parallelism}"
+        key = ["user", "amount"]
+        assert (
+            persisted.sort_values(key)
+            .reset_index(drop=True)[key]
+            .equals(original.sort_values(key).reset_index(drop=True)[key])
+        )
+        for state_file in files:  # every file holds only its subtask's key groups
+            held = from_ipc(state_file.path)[KEY_GROUP_COLUMN]
+            assert held.between(*state_file.key_groups).all()
+        persisted_bytes.append(sum(f.size for f in files))
+    # the files' Arrow framing aside (10 files where there were 5), the same bytes at every step
+    assert persisted_bytes[0] < 1.10 * original_bytes, (persisted_bytes, original_bytes)
+    assert persisted_bytes[0] == persisted_bytes[1] == persisted_bytes[2], persisted_bytes
+
+
+def test_a_full_channel_makes_filtered_segments_wait_and_snapshots_carry_them(
+    tmp_path: Path,
+) -> None:
+    """Channels of one byte: each filter task takes one restored file, the first filtered segment
+    enters its channel and the rest wait (spilled) in order; a snapshot meanwhile carries both,
+    new input waits, and processing lets them in one by one."""
+    source = tmp_path / "run0"
+    segments = in_flight_segments(source)
+    files = [
+        channel_state.ChannelStateFile(0, k, str(source / s.path), s.rows, s.size, (0, 127))
+        for k, s in enumerate(segments)
+    ]
+    channels, recovery = restore(files, 2, tmp_path / "run1", capacity=1)
+    assert recovery.holds_input() and recovery.not_ready(channels) is not None
+    recover(recovery, channels, tmp_path / "run1")
+
+    assert recovery.spilled > 0
+    for i, channel in enumerate(channels):
+        assert len(channel.segments) == 1, "one segment fills a one-byte channel"
+        assert len(recovery.spilled_segments(i)) == SEGMENTS - 1
+    channels[0].add_barrier(9)  # an aligned checkpoint's barrier, placed while segments wait
+    snapshot = checkpoint(channels, recovery, tmp_path / "run1", tmp_path / "chk")
+    assert len(rows(snapshot)) == SEGMENTS * RECORDS_PER_SEGMENT, "queued and spilled, once each"
+
+    order = []
+    while recovery.holds_input():
+        for channel in channels:  # stage 2 processes what is queued
+            order += [s.path for s in channel.consumed(list(channel.segments))]
+        recovery.admit(channels)
+    order += [s.path for s in channels[0].segments]
+    names = [p for p in order if p.startswith("s0000/")]
+    assert len(names) == SEGMENTS and names == sorted(names), "restored order kept"
+    assert channels[0].barriers[0][1] == recovery.restored_through[0], "restored data precedes it"
+
+
+def test_without_during_recovery_every_segment_is_queued_and_triggers_wait_until_processed(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "run0"
+    segments = in_flight_segments(source)
+    files = [
+        channel_state.ChannelStateFile(0, k, str(source / s.path), s.rows, s.size, (0, 127))
+        for k, s in enumerate(segments)
+    ]
+    channels, recovery = restore(files, 2, tmp_path / "run1", during_recovery=False, capacity=1)
+    assert not recovery.holds_input(), "queued at once, whatever the capacity"
+    assert [len(c.segments) for c in channels] == [SEGMENTS, SEGMENTS]
+    assert channels[1].segments[0].key_groups == (64, 127), "stage 2 keeps its own rows"
+    channels[1].append("s0001/new.arrow", 1, 1)
+    for channel in channels:
+        subtask, why = recovery.not_ready(channels) or ("", "")
+        assert subtask == f"keyed-{channel.subtask}" and "during-recovery" in why
+        channel.consumed(list(channel.segments)[:SEGMENTS])
+    assert recovery.not_ready(channels) is None, "new input does not hold checkpoints back"
+
+
+def test_without_a_rescale_files_are_queued_as_they_are_and_checkpoints_go_on(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "run0"
+    segments = in_flight_segments(source)
+    files = [
+        channel_state.ChannelStateFile(0, k, str(source / s.path), s.rows, s.size, (0, 127))
+        for k, s in enumerate(segments)
+    ]
+    channels, recovery = restore(files, 1, tmp_path / "run1")
+    assert recovery.not_ready(channels) is None and not recovery.filtering()
+    assert [s.rows for s in channels[0].segments] == [s.rows for s in segments]
+
+
+def test_checkpoints_during_recovery_need_unaligned_and_output_recovered_downstream() -> None:
+    during = CheckpointConfig(unaligned_during_recovery=True)
+    with pytest.raises(ConfigError) as refused:
+        check_during_recovery(during)
+    assert refused.value.field == "execution.checkpointing.unaligned.during-recovery.enabled"
+    assert "unaligned.enabled: true" in str(refused.value)
+    assert "recover-output-on-downstream.enabled: true" in str(refused.value)
+    check_during_recovery(
+        CheckpointConfig(
+            unaligned=True,
+            unaligned_recover_output_on_downstream=True,
+            unaligned_during_recovery=True,
+        )
+    )
+    check_during_recovery(CheckpointConfig())
