@@ -39,6 +39,7 @@ bench: install
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/unaligned.py
 	$(BIN)/python bench/failover.py
+	$(BIN)/python bench/recovery.py
 	$(MAKE) peers
 
 # sparkpoint against quixstreams and bytewax (bench/peers.py). The peers get a venv of their

@@ -185,18 +185,19 @@ class ChannelRecovery:
         smaller, so a filtered segment fits a channel)."""
         recovery = cls(checkpoint_id, during_recovery)
         batch_of: dict[tuple[int, int], Batch] = {}
-        spanning = sorted(
-            {(f.old_subtask, f.order): f for files in shares.values() for f in files
-             if during_recovery and not any(r.start <= f.key_groups[0] and f.key_groups[1] <= r.end for r in ranges)}.values(),
-            key=lambda f: (f.old_subtask, f.order),
-        )  # fmt: skip
-        for state_file in spanning:
-            batch = recovery.batches[-1] if recovery.batches else None
+        restored = {(f.old_subtask, f.order): f for files in shares.values() for f in files}
+        batch: Batch | None = None
+        for key in sorted(restored):  # the restored order
+            state_file = restored[key]
+            first, last = state_file.key_groups
+            if not during_recovery or any(r.start <= first and last <= r.end for r in ranges):
+                batch = None  # queued as it is: a batch never spans it, so each subtask's share
+                continue  # of a batch stays one run in its restored order
             if batch is None or batch.size + state_file.size > batch_bytes:
                 batch = Batch(len(recovery.batches) + 1)
                 recovery.batches.append(batch)
             batch.files.append(state_file)
-            batch_of[(state_file.old_subtask, state_file.order)] = batch
+            batch_of[key] = batch
         for subtask, files in shares.items():
             mine = ranges[subtask]
             queue: deque[Unfiltered | Ready] = deque()

@@ -221,3 +221,30 @@ def test_checkpoints_during_recovery_need_unaligned_and_output_recovered_downstr
         )
     )
     check_during_recovery(CheckpointConfig())
+
+
+def test_a_file_queued_as_it_is_between_two_split_ones_keeps_its_place(tmp_path: Path) -> None:
+    """Restored order A, C, B: A and B span both new subtasks and are split, C lies within
+    subtask 0's key groups and is queued as it is. Subtask 0 must see A's rows, then C, then
+    B's: A and B are never split as one batch around C."""
+    source = tmp_path / "run0"
+    a, c, b = in_flight_segments(source)[:3]
+    files = [
+        channel_state.ChannelStateFile(0, 0, str(source / a.path), a.rows, a.size, (0, 127)),
+        channel_state.ChannelStateFile(0, 1, str(source / c.path), c.rows, c.size, (0, 31)),
+        channel_state.ChannelStateFile(0, 2, str(source / b.path), b.rows, b.size, (0, 127)),
+    ]
+    channels, recovery = restore(files, 2, tmp_path / "run1")
+    recover(recovery, channels, tmp_path / "run1")
+    assert not recovery.holds_input()
+
+    first = [from_ipc(str(tmp_path / "run1" / s.path)) for s in channels[0].segments]
+    assert [s.key_groups for s in channels[0].segments] == [None, (0, 31), None]
+    assert len(first[0]) + len(first[2]) == sum(
+        len(from_ipc(str(source / s.path)).query(f"{KEY_GROUP_COLUMN} <= 63")) for s in (a, b)
+    )
+    assert (
+        first[0]["amount"].tolist()
+        == from_ipc(str(source / a.path)).query(f"{KEY_GROUP_COLUMN} <= 63")["amount"].tolist()
+    ), "A's rows first, in their order"
+    assert len(channels[1].segments) == 2, "subtask 1 gets A's and B's other rows"
