@@ -266,6 +266,8 @@ class SubtaskCheckpointing:
         full = trigger.snapshot_type is not SnapshotType.CHECKPOINT
         incremental = self.config.incremental and not full
         unpublished = self._unpublished_epochs()  # one view for every subtask's manifest
+        if trigger.snapshot_type.is_savepoint:
+            unpublished = self._self_contained(unpublished, trigger.target_location)
         for i, groups in enumerate(self.ranges):
             started = time.monotonic()
             plan = self.backend.plan(
@@ -275,8 +277,6 @@ class SubtaskCheckpointing:
                 str(epoch): sorted(path for subtask, path in outputs if subtask == i)
                 for epoch, outputs in unpublished.items()
             }
-            if trigger.snapshot_type.is_savepoint:
-                manifest = self._self_contained(manifest, trigger.target_location)
             self.segment_files.pin(s.path for s in in_flight[i])
             future = self.copier.submit(
                 self._copy, plan, f"{trigger.target_location}/sink-{i}.json", manifest,
@@ -301,19 +301,24 @@ class SubtaskCheckpointing:
             del self.committing[epoch]
         return {**self.committing, **self.sealed}
 
-    def _self_contained(self, manifest: dict[str, list[str]], target: str) -> dict[str, list[str]]:
+    def _self_contained(
+        self, epochs: dict[int, list[tuple[int, str]]], target: str
+    ) -> dict[int, list[tuple[int, str]]]:
         """A savepoint keeps copies of the staged output it names (relative paths inside it), so
         it restores anywhere, even where this agent's working files are gone. Copied now: the
-        committer may publish and delete the originals at any moment after this round."""
-        kept: dict[str, list[str]] = {}
-        for epoch, outputs in manifest.items():
+        committer may publish and delete the originals at any moment after this round. An
+        epoch is kept whole or not at all, for every subtask at once: a file already gone means
+        the committer published the epoch (it deletes only after publishing), and a restore
+        must never see part of an epoch (its digest would not match what the sink published)."""
+        kept: dict[int, list[tuple[int, str]]] = {}
+        for epoch, outputs in epochs.items():
             names = []
             try:
-                for path in outputs:
+                for subtask, path in outputs:
                     name = f"sink/{posixpath.basename(path)}"
                     copy_file(path, f"{target}/{name}")
-                    names.append(name)
-            except FileNotFoundError:  # the committer published it meanwhile (then deletes)
+                    names.append((subtask, name))
+            except FileNotFoundError:  # published meanwhile: the restore needs none of it
                 continue
             kept[epoch] = names
         return kept
