@@ -9,13 +9,14 @@ storage share a local file system (no bytes move), and copied otherwise. A manif
 
     {"format": 1, "key_groups": [0, 63],
      "segments": [{"file": "channel-0000-00000.arrow", "rows": 812, "bytes": 50123,
-                   "key_groups": [0, 63]}, ...]}
+                   "key_groups": [0, 63], "exact": true}, ...]}
 
-A segment's ``key_groups`` are those whose rows in the file are this subtask's: a file restored
-with another parallelism may also hold rows of key groups another subtask owns, and a snapshot
-links the whole file again. On restore, each new subtask takes, in the old subtasks' order, the
-files whose key groups overlap its own, and stage 2 keeps only the rows of the overlap
-(segments carry each row's key group). Channel state is processed before any new input.
+A segment's ``key_groups`` are those whose rows in the file are this subtask's; ``exact``: the
+file holds no other rows. Files a snapshot of an older version wrote may lack ``exact`` (a
+restore with another parallelism linked whole files then): a restore reads them as inexact.
+On restore, each new subtask takes, in the old subtasks' order, the files whose key groups
+overlap its own and keeps only the rows of the overlap (segments carry each row's key group),
+as `recovery` describes. Channel state is processed before any new input.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ def persist(
         name = f"channel-{subtask:04d}-{k:05d}.arrow"
         link_or_copy(f"{channel_dir}/{segment.path}", f"{target_location}/{name}")
         groups = segment.key_groups or key_groups
-        entries.append(
-            {"file": name, "rows": segment.rows, "bytes": segment.size, "key_groups": list(groups)}
-        )
+        entries.append({
+            "file": name, "rows": segment.rows, "bytes": segment.size,
+            "key_groups": list(groups), "exact": segment.exact,
+        })  # fmt: skip
         path = f"{target_location}/{name}"
         handles.append(StateHandle(path, StateHandleKind.CHANNEL_STATE, segment.size, *groups))
     manifest = json.dumps(
@@ -76,6 +78,9 @@ class ChannelStateFile:
     rows: int
     size: int
     key_groups: tuple[int, int]
+    exact: bool = False
+    """Every row lies within ``key_groups`` (recorded since FLIP-547 support; a file of an
+    older snapshot may also hold rows of other subtasks, and is split before it is queued)."""
 
 
 def read_manifest(path: str, old_subtask: int) -> list[ChannelStateFile]:
@@ -90,7 +95,10 @@ def read_manifest(path: str, old_subtask: int) -> list[ChannelStateFile]:
         path = f"{directory}/{entry['file']}"
         rows, size = int(entry["rows"]), int(entry["bytes"])
         first, last = entry.get("key_groups", (start, end))
-        files.append(ChannelStateFile(old_subtask, k, path, rows, size, (int(first), int(last))))
+        exact = bool(entry.get("exact", False))
+        files.append(
+            ChannelStateFile(old_subtask, k, path, rows, size, (int(first), int(last)), exact)
+        )
     return files
 
 

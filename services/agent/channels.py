@@ -41,6 +41,9 @@ class Segment:
     key_groups: tuple[int, int] | None = None
     """The key groups whose rows in the file belong to this channel; None: all of them (a
     segment of restored channel state may hold rows of key groups other subtasks own now)."""
+    exact: bool = True
+    """Every row of the file lies within ``key_groups`` (false only for restored files of a
+    snapshot written before channel state recorded it: they may hold other subtasks' rows)."""
 
 
 @dataclass
@@ -71,12 +74,17 @@ class Channel:
         return segment
 
     def append_restored(
-        self, path: str, rows: int, size: int, key_groups: tuple[int, int] | None = None
-    ) -> Segment:
+        self, path: str, rows: int, size: int, key_groups: tuple[int, int] | None = None,
+        exact: bool = True,
+    ) -> Segment:  # fmt: skip
         """Appends a segment of restored channel state: it precedes everything new, so every
         barrier placed meanwhile moves behind it (no new input is queued while restored segments
         still come in: `recovery.ChannelRecovery` holds stage 1 back)."""
-        segment = self.append(path, rows, size, key_groups=key_groups)
+        self._sequence += 1
+        segment = Segment(self._sequence, path, rows, size, None, 0, key_groups, exact)
+        self.segments.append(segment)
+        self.queued_bytes += size
+        self.appended_bytes += size
         self.barriers = deque(
             (checkpoint_id, segment.sequence) for checkpoint_id, _ in self.barriers
         )

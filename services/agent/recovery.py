@@ -149,6 +149,7 @@ class Ready:
     rows: int
     size: int
     key_groups: tuple[int, int] | None
+    exact: bool = True
 
 
 @dataclass
@@ -190,7 +191,8 @@ class ChannelRecovery:
         for key in sorted(restored):  # the restored order
             state_file = restored[key]
             first, last = state_file.key_groups
-            if not during_recovery or any(r.start <= first and last <= r.end for r in ranges):
+            within_one = any(r.start <= first and last <= r.end for r in ranges)
+            if not during_recovery or (within_one and state_file.exact):
                 batch = None  # queued as it is: a batch never spans it, so each subtask's share
                 continue  # of a batch stays one run in its restored order
             if batch is None or batch.size + state_file.size > batch_bytes:
@@ -216,7 +218,9 @@ class ChannelRecovery:
                 )
                 link_or_copy(state_file.path, f"{channel_dir}/{name}")
                 overlap = (max(mine.start, first), min(mine.end, last))
-                queue.append(Ready(name, state_file.rows, state_file.size, overlap))
+                queue.append(
+                    Ready(name, state_file.rows, state_file.size, overlap, state_file.exact)
+                )
             recovery.waiting[subtask] = queue
         recovery.admit(channels, force=not during_recovery)
         return recovery
@@ -267,10 +271,15 @@ class ChannelRecovery:
         """The filtered segments of ``subtask`` not in its channel yet: part of an unaligned
         snapshot's channel state (all of them precede any barrier)."""
         return [
-            Segment(0, e.path, e.rows, e.size, key_groups=e.key_groups)
+            Segment(0, e.path, e.rows, e.size, key_groups=e.key_groups, exact=e.exact)
             for e in self.waiting.get(subtask, ())
             if isinstance(e, Ready)
         ]
+
+    def channel_state(self, channel: Channel, checkpoint_id: int) -> list[Segment]:
+        """An unaligned snapshot's channel state of ``channel``'s subtask: the segments before
+        the barrier, then the restored ones still waiting to enter (they precede it too)."""
+        return channel.before_barrier(checkpoint_id) + self.spilled_segments(channel.subtask)
 
     # --- the loop's work -----------------------------------------------------------------------------
 
@@ -284,7 +293,7 @@ class ChannelRecovery:
                 entry = queue.popleft()
                 assert isinstance(entry, Ready)
                 segment = channel.append_restored(
-                    entry.path, entry.rows, entry.size, entry.key_groups
+                    entry.path, entry.rows, entry.size, entry.key_groups, entry.exact
                 )
                 self.restored_through[i] = segment.sequence
                 moved = True
@@ -293,11 +302,22 @@ class ChannelRecovery:
         return moved
 
     def next_filters(
-        self, channel_dir: str, max_parallelism: int, parallelism: int, wave: int
+        self, channel_dir: str, max_parallelism: int, parallelism: int, first: bool
     ) -> list[FilterTask]:
-        """Tasks for the next ``wave`` batches, in the restored order."""
+        """Tasks for the next filter job: the first takes each subtask's first batch (every
+        subtask gets rows to process early), a later one every batch left."""
+        if first:
+            chosen = {
+                id(entry.batch): entry.batch
+                for queue in self.waiting.values()
+                for entry in [next((e for e in queue if isinstance(e, Unfiltered)), None)]
+                if entry is not None
+            }
+            batches = sorted(chosen.values(), key=lambda b: b.number)
+        else:
+            batches = [b for b in self.batches if not b.in_flight]
         tasks = []
-        for batch in [b for b in self.batches if not b.in_flight][:wave]:
+        for batch in batches:
             batch.in_flight = True
             files = [(f.path, f.key_groups) for f in batch.files]
             prefix = f"r{self.checkpoint_id:010d}-{batch.number:06d}"
@@ -328,10 +348,10 @@ class ChannelRecovery:
             crash_point("during-recovery")
         changed |= self.admit(channels)
         if self.future is None and self.batches:
-            # the first job splits a batch per subtask, so processing starts early; the next
-            # one all the rest (one Spark job's fixed cost, not one per batch)
-            wave = len(channels) if self.filter_started is None else len(self.batches)
-            tasks = self.next_filters(channel_dir, max_parallelism, len(channels), wave)
+            # the first job splits each subtask's first batch, so processing starts early; the
+            # next one all the rest (one Spark job's fixed cost, not one per batch)
+            first = self.filter_started is None
+            tasks = self.next_filters(channel_dir, max_parallelism, len(channels), first)
             if self.filter_started is None:
                 self.filter_started = time.monotonic()
             self.future = submit(tasks)
@@ -342,6 +362,14 @@ class ChannelRecovery:
         batch = next(b for b in self.batches if b.number == result.batch)
         self.batches.remove(batch)
         self.read_bytes += result.read_bytes
+        expected = {i for i, q in self.waiting.items() if any(
+            isinstance(e, Unfiltered) and e.batch is batch for e in q
+        )}  # fmt: skip
+        if not set(result.outputs) <= expected:
+            raise RuntimeError(
+                f"split of restored channel state gave rows to subtasks "
+                f"{sorted(set(result.outputs) - expected)} that do not own any file of it"
+            )
         for subtask, queue in self.waiting.items():
             index = next(
                 (k for k, e in enumerate(queue) if isinstance(e, Unfiltered) and e.batch is batch),

@@ -428,6 +428,10 @@ class Agent(SubtaskCheckpointing):
 
     def _close(self) -> None:
         self.membership.stop_heartbeats()
+        splitting = getattr(self, "restoring", None)
+        if splitting is not None and splitting.future is not None and self.spark is not None:
+            with contextlib.suppress(Exception):  # a split of restored channel state: redone
+                self.traffic.cancel_open(self.spark.sparkContext)  # by the next restore
         self.stage1.shutdown(wait=True)
         self.stage2.shutdown(wait=True)
         self.copier.shutdown(wait=True)
@@ -587,8 +591,8 @@ class Agent(SubtaskCheckpointing):
         log.info(
             "job %s: %d segments of channel state queued ahead of new input%s",
             self.job_id, sum(len(f) for f in shares.values()),
-            f" ({len(self.restoring.filtering())} subtasks filter theirs first)"
-            if self.restoring.during_recovery else "",
+            f" ({len(self.restoring.batches)} runs of files split by owner first)"
+            if self.restoring.batches else "",
         )  # fmt: skip
 
     def _recover_channels(self) -> bool:
@@ -762,7 +766,8 @@ class Agent(SubtaskCheckpointing):
             busy |= self._start_process()
             self._start_fetch()
             self._snapshot_due()
-            self._await_copies([f for f in (self._fetching, self._processing) if f is not None])
+            stages = [self._fetching, self._processing, self.restoring.future]
+            self._await_copies([f for f in stages if f is not None])
             self._send_acks()
             self.backend.collect_garbage()
             if (
@@ -776,7 +781,9 @@ class Agent(SubtaskCheckpointing):
                 busy = True
             if self.on_round is not None:
                 self.on_round(self)
-            in_flight = self._fetching is not None or self._processing is not None
+            in_flight = any(
+                f is not None for f in (self._fetching, self._processing, self.restoring.future)
+            )
             if not busy and self._read_control(IN_FLIGHT_WAIT_S if in_flight else IDLE_WAIT_S):
                 return
 

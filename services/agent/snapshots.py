@@ -254,9 +254,7 @@ class SubtaskCheckpointing:
         pending.unaligned = unaligned
         pending.aligned_ms = int((time.monotonic() - pending.received) * 1000)
         in_flight = {
-            i: channel.before_barrier(checkpoint_id) + self.restoring.spilled_segments(i)
-            if unaligned
-            else []
+            i: self.restoring.channel_state(channel, checkpoint_id) if unaligned else []
             for i, channel in enumerate(self.channels)
         }
         for channel in self.channels:
@@ -319,6 +317,7 @@ class SubtaskCheckpointing:
                     copy_file(path, f"{target}/{name}")
                     names.append((subtask, name))
             except FileNotFoundError:  # published meanwhile: the restore needs none of it
+                delete_files([f"{target}/{name}" for _, name in names])
                 continue
             kept[epoch] = names
         return kept

@@ -140,10 +140,12 @@ def into_place(local: str) -> Iterator[str]:
     """A temporary name beside ``local`` to write to; renamed to ``local`` when the block ends,
     removed if it fails."""
     temporary = f"{local}.{uuid.uuid4().hex[:12]}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
-        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        os.close(os.open(temporary, flags, 0o666))
     except FileNotFoundError:
         os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+        os.close(os.open(temporary, flags, 0o666))
     try:
         yield temporary
         os.replace(temporary, local)

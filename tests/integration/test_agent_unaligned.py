@@ -6,6 +6,7 @@ the committed output is still exactly the reference."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import sys
@@ -185,8 +186,10 @@ def test_a_checkpoint_during_recovery_after_a_rescale_persists_only_owned_rows_a
     The third run (parallelism 1, during-recovery on or off at random) restores that checkpoint
     and runs to the end. The checkpoint's channel state holds only rows of its subtasks' own key
     groups (the restored files spanned two new subtasks each), and the output is the reference."""
-    during_last = random.Random().random() < 0.5
-    print(f"third run with during-recovery {'on' if during_last else 'off'}")
+    seed = int(os.environ.get("SPARKPOINT_TEST_SEED", random.randrange(1 << 30)))
+    during_last = random.Random(seed).random() < 0.5
+    replay = f"third run with during-recovery {'on' if during_last else 'off'} (SPARKPOINT_TEST_SEED={seed})"
+    print(replay)
     monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED))
     monkeypatch.setenv("TEST_SLOW_MS", str(SLOW_MS))
     name, output = unique("recovering"), unique("stats")
@@ -203,7 +206,8 @@ def test_a_checkpoint_during_recovery_after_a_rescale_persists_only_owned_rows_a
         "--channel-capacity", "1", crash_at="after-complete-in-flight:1", max_records=400,
     )  # fmt: skip
     assert killed(second), second.stderr[-3000:]
-    assert "subtasks filter theirs first" in second.stderr
+    assert "split by owner first" in second.stderr, "the rescale split restored files"
+    assert "checkpoints are taken from now on" in second.stderr, "the split ended"
     assert re.search(r"checkpoint \d+ completed during recovery", second.stderr), second.stderr[
         -3000:
     ]
@@ -227,9 +231,9 @@ def test_a_checkpoint_during_recovery_after_a_rescale_persists_only_owned_rows_a
         coordinator, name, payments_topic, output, "--restore", "latest", "--parallelism", "1",
         max_records=400,
     )  # fmt: skip
-    assert third.returncode == 0, third.stderr[-3000:]
+    assert third.returncode == 0, f"{replay}\n{third.stderr[-3000:]}"
     assert queued_channel_state(third.stderr) > 0, (
         "the checkpoint taken in recovery had channel state"
     )
     got = read_output(coordinator.bootstrap, output)
-    assert got == expected, difference(got, expected)
+    assert got == expected, f"{replay}\n{difference(got, expected)}"

@@ -50,15 +50,26 @@ def in_flight_segments(channel_dir: Path) -> list[Segment]:
     return segments
 
 
+def rows_of(path: str, groups: tuple[int, int]) -> tuple[str, int, int]:
+    """A file beside ``path`` with only its rows of ``groups``: (path, rows, bytes)."""
+    frame = from_ipc(path)
+    frame = frame[frame[KEY_GROUP_COLUMN].between(*groups)].reset_index(drop=True)
+    data = to_ipc(frame)
+    target = f"{path}.{groups[0]}-{groups[1]}.arrow"
+    Path(target).write_bytes(data)
+    return target, len(frame), len(data)
+
+
 def checkpoint(
-    channels: list[Channel], recovery: ChannelRecovery, channel_dir: Path, target: Path
-) -> list[channel_state.ChannelStateFile]:
-    """An unaligned snapshot of every subtask (nothing processed), read back as a restore reads
-    it."""
+    channels: list[Channel], recovery: ChannelRecovery, channel_dir: Path, target: Path,
+    checkpoint_id: int = 0,
+) -> list[channel_state.ChannelStateFile]:  # fmt: skip
+    """An unaligned snapshot of every subtask (nothing processed) with the channel state the
+    agent's snapshot takes, read back as a restore reads it."""
     target.mkdir(parents=True)
     files = []
     for i, channel in enumerate(channels):
-        in_flight = list(channel.segments) + recovery.spilled_segments(i)
+        in_flight = recovery.channel_state(channel, checkpoint_id)
         groups = key_group_range(MAX_PARALLELISM, len(channels), i)
         handles, _ = channel_state.persist(
             in_flight, str(channel_dir), str(target), i, (groups.start, groups.end)
@@ -101,7 +112,7 @@ def test_the_rescale_chain_1_10_1_10_persists_each_in_flight_record_once(tmp_pat
     FLIP-547: 10x, then 100x)."""
     original_segments = in_flight_segments(tmp_path / "run0")
     original = rows([
-        channel_state.ChannelStateFile(0, k, str(tmp_path / "run0" / s.path), s.rows, s.size, (0, 127))
+        channel_state.ChannelStateFile(0, k, str(tmp_path / "run0" / s.path), s.rows, s.size, (0, 127), exact=True)
         for k, s in enumerate(original_segments)
     ])  # fmt: skip
     original_bytes = sum(s.size for s in original_segments)
@@ -145,7 +156,9 @@ def test_a_full_channel_makes_filtered_segments_wait_and_snapshots_carry_them(
     source = tmp_path / "run0"
     segments = in_flight_segments(source)
     files = [
-        channel_state.ChannelStateFile(0, k, str(source / s.path), s.rows, s.size, (0, 127))
+        channel_state.ChannelStateFile(
+            0, k, str(source / s.path), s.rows, s.size, (0, 127), exact=True
+        )
         for k, s in enumerate(segments)
     ]
     channels, recovery = restore(files, 2, tmp_path / "run1", capacity=1)
@@ -156,8 +169,9 @@ def test_a_full_channel_makes_filtered_segments_wait_and_snapshots_carry_them(
     for i, channel in enumerate(channels):
         assert len(channel.segments) == 1, "one segment fills a one-byte channel"
         assert len(recovery.spilled_segments(i)) == SEGMENTS - 1
-    channels[0].add_barrier(9)  # an aligned checkpoint's barrier, placed while segments wait
-    snapshot = checkpoint(channels, recovery, tmp_path / "run1", tmp_path / "chk")
+    channels[0].add_barrier(9)  # a barrier placed while segments wait
+    channels[1].add_barrier(9)
+    snapshot = checkpoint(channels, recovery, tmp_path / "run1", tmp_path / "chk", 9)
     assert len(rows(snapshot)) == SEGMENTS * RECORDS_PER_SEGMENT, "queued and spilled, once each"
 
     order = []
@@ -169,6 +183,7 @@ def test_a_full_channel_makes_filtered_segments_wait_and_snapshots_carry_them(
     names = [p for p in order if p.startswith("s0000/")]
     assert len(names) == SEGMENTS and names == sorted(names), "restored order kept"
     assert channels[0].barriers[0][1] == recovery.restored_through[0], "restored data precedes it"
+    assert channels[1].barriers[0][1] == recovery.restored_through[1]
 
 
 def test_without_during_recovery_every_segment_is_queued_and_triggers_wait_until_processed(
@@ -177,7 +192,9 @@ def test_without_during_recovery_every_segment_is_queued_and_triggers_wait_until
     source = tmp_path / "run0"
     segments = in_flight_segments(source)
     files = [
-        channel_state.ChannelStateFile(0, k, str(source / s.path), s.rows, s.size, (0, 127))
+        channel_state.ChannelStateFile(
+            0, k, str(source / s.path), s.rows, s.size, (0, 127), exact=True
+        )
         for k, s in enumerate(segments)
     ]
     channels, recovery = restore(files, 2, tmp_path / "run1", during_recovery=False, capacity=1)
@@ -198,7 +215,9 @@ def test_without_a_rescale_files_are_queued_as_they_are_and_checkpoints_go_on(
     source = tmp_path / "run0"
     segments = in_flight_segments(source)
     files = [
-        channel_state.ChannelStateFile(0, k, str(source / s.path), s.rows, s.size, (0, 127))
+        channel_state.ChannelStateFile(
+            0, k, str(source / s.path), s.rows, s.size, (0, 127), exact=True
+        )
         for k, s in enumerate(segments)
     ]
     channels, recovery = restore(files, 1, tmp_path / "run1")
@@ -229,10 +248,15 @@ def test_a_file_queued_as_it_is_between_two_split_ones_keeps_its_place(tmp_path:
     B's: A and B are never split as one batch around C."""
     source = tmp_path / "run0"
     a, c, b = in_flight_segments(source)[:3]
+    c_path, c_rows, c_size = rows_of(str(source / c.path), (0, 31))
     files = [
-        channel_state.ChannelStateFile(0, 0, str(source / a.path), a.rows, a.size, (0, 127)),
-        channel_state.ChannelStateFile(0, 1, str(source / c.path), c.rows, c.size, (0, 31)),
-        channel_state.ChannelStateFile(0, 2, str(source / b.path), b.rows, b.size, (0, 127)),
+        channel_state.ChannelStateFile(
+            0, 0, str(source / a.path), a.rows, a.size, (0, 127), exact=True
+        ),
+        channel_state.ChannelStateFile(0, 1, c_path, c_rows, c_size, (0, 31), exact=True),
+        channel_state.ChannelStateFile(
+            0, 2, str(source / b.path), b.rows, b.size, (0, 127), exact=True
+        ),
     ]
     channels, recovery = restore(files, 2, tmp_path / "run1")
     recover(recovery, channels, tmp_path / "run1")
@@ -248,3 +272,25 @@ def test_a_file_queued_as_it_is_between_two_split_ones_keeps_its_place(tmp_path:
         == from_ipc(str(source / a.path)).query(f"{KEY_GROUP_COLUMN} <= 63")["amount"].tolist()
     ), "A's rows first, in their order"
     assert len(channels[1].segments) == 2, "subtask 1 gets A's and B's other rows"
+
+
+def test_a_file_of_an_older_snapshot_is_split_even_within_one_subtasks_key_groups(
+    tmp_path: Path,
+) -> None:
+    """Snapshots written before channel state recorded ``exact`` re-linked whole files under a
+    narrower tag: such a file (tag 0-63, rows of every key group) is split, not queued as it
+    is, so a checkpoint during recovery never persists the rows of 64-127 again."""
+    source = tmp_path / "run0"
+    segment = in_flight_segments(source)[0]
+    legacy = channel_state.ChannelStateFile(
+        0, 0, str(source / segment.path), segment.rows, segment.size, (0, 63)
+    )
+    channels, recovery = restore([legacy], 2, tmp_path / "run1")
+    assert recovery.not_ready(channels) is not None, "split first"
+    recover(recovery, channels, tmp_path / "run1")
+    files = checkpoint(channels, recovery, tmp_path / "run1", tmp_path / "chk")
+    held = rows(files)
+    original = from_ipc(str(source / segment.path))
+    assert len(held) == int((original[KEY_GROUP_COLUMN] <= 63).sum())
+    assert held[KEY_GROUP_COLUMN].between(0, 63).all()
+    assert all(f.exact for f in files), "persisted again as exact"
