@@ -50,6 +50,20 @@ def in_flight_segments(channel_dir: Path) -> list[Segment]:
     return segments
 
 
+def restored_files(
+    source: Path,
+) -> tuple[list[Segment], list[channel_state.ChannelStateFile]]:
+    """`in_flight_segments` as a restore reads them from a parallelism-1 checkpoint."""
+    segments = in_flight_segments(source)
+    files = [
+        channel_state.ChannelStateFile(
+            0, k, str(source / s.path), s.rows, s.size, (0, 127), exact=True
+        )
+        for k, s in enumerate(segments)
+    ]
+    return segments, files
+
+
 def rows_of(path: str, groups: tuple[int, int]) -> tuple[str, int, int]:
     """A file beside ``path`` with only its rows of ``groups``: (path, rows, bytes)."""
     frame = from_ipc(path)
@@ -153,14 +167,7 @@ def test_a_full_channel_makes_filtered_segments_wait_and_snapshots_carry_them(
     """Channels of one byte: each filter task takes one restored file, the first filtered segment
     enters its channel and the rest wait (spilled) in order; a snapshot meanwhile carries both,
     new input waits, and processing lets them in one by one."""
-    source = tmp_path / "run0"
-    segments = in_flight_segments(source)
-    files = [
-        channel_state.ChannelStateFile(
-            0, k, str(source / s.path), s.rows, s.size, (0, 127), exact=True
-        )
-        for k, s in enumerate(segments)
-    ]
+    _segments, files = restored_files(tmp_path / "run0")
     channels, recovery = restore(files, 2, tmp_path / "run1", capacity=1)
     assert recovery.holds_input() and recovery.not_ready(channels) is not None
     recover(recovery, channels, tmp_path / "run1")
@@ -189,14 +196,7 @@ def test_a_full_channel_makes_filtered_segments_wait_and_snapshots_carry_them(
 def test_without_during_recovery_every_segment_is_queued_and_triggers_wait_until_processed(
     tmp_path: Path,
 ) -> None:
-    source = tmp_path / "run0"
-    segments = in_flight_segments(source)
-    files = [
-        channel_state.ChannelStateFile(
-            0, k, str(source / s.path), s.rows, s.size, (0, 127), exact=True
-        )
-        for k, s in enumerate(segments)
-    ]
+    _segments, files = restored_files(tmp_path / "run0")
     channels, recovery = restore(files, 2, tmp_path / "run1", during_recovery=False, capacity=1)
     assert not recovery.holds_input(), "queued at once, whatever the capacity"
     assert [len(c.segments) for c in channels] == [SEGMENTS, SEGMENTS]
@@ -212,14 +212,7 @@ def test_without_during_recovery_every_segment_is_queued_and_triggers_wait_until
 def test_without_a_rescale_files_are_queued_as_they_are_and_checkpoints_go_on(
     tmp_path: Path,
 ) -> None:
-    source = tmp_path / "run0"
-    segments = in_flight_segments(source)
-    files = [
-        channel_state.ChannelStateFile(
-            0, k, str(source / s.path), s.rows, s.size, (0, 127), exact=True
-        )
-        for k, s in enumerate(segments)
-    ]
+    segments, files = restored_files(tmp_path / "run0")
     channels, recovery = restore(files, 1, tmp_path / "run1")
     assert recovery.not_ready(channels) is None and not recovery.filtering()
     assert [s.rows for s in channels[0].segments] == [s.rows for s in segments]
