@@ -283,7 +283,9 @@ class CoordinatorService:
         self._replay_targets: dict[int, int] = {}
         """Partition -> end offset to replay to, for the jobs consumer thread."""
         self._replay_lock = threading.Lock()
-        self._ack_partitions: set[int] = set()
+        self._ack_partitions: dict[int, int] = {}
+        """Partition of the acks topic -> the offset its reading starts at: its end when this
+        instance took the partition, before it could trigger anything there."""
         self._ack_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self.ready = threading.Event()
@@ -393,6 +395,7 @@ class CoordinatorService:
             )
         overrides, stores = self._replay(owned)
         ends = self._jobs_end_offsets(owned)
+        ack_starts = self._acks_end_offsets(owned)
         epochs = {
             p: 1 + max((r.owner_epoch for r in stores.get(p, {}).values()), default=0)
             for p in owned
@@ -413,7 +416,7 @@ class CoordinatorService:
                 if ends.get(partition, 0) > 0:
                     self._replaying[partition] = ReplayedPartition(ends[partition])
             with self._ack_lock:
-                self._ack_partitions |= set(owned)
+                self._ack_partitions.update(ack_starts)
             log.info("%s owns partitions %s (epochs %s)", self.settings.instance_id, owned, epochs)
             self._announce()
             self.ready.set()
@@ -429,10 +432,29 @@ class CoordinatorService:
         finally:
             consumer.close()
 
+    def _acks_end_offsets(self, partitions: list[int]) -> dict[int, int]:
+        """Where reading each acks partition starts: its end now, taken before this instance
+        triggers a checkpoint there, so no answer to one of its triggers can lie before it. (The
+        embedded broker reports the last batch's base offset + 1: a few older answers are read
+        again, and skipped as answers to checkpoints this instance does not track.)"""
+        consumer = make_consumer(self.settings.bootstrap, profile=ConsumerProfile.REPLAY)
+        try:
+            return {
+                p: int(
+                    consumer.get_watermark_offsets(
+                        TopicPartition(ACKS.name(), p), timeout=10, cached=False
+                    )[1]
+                )
+                for p in partitions
+            }
+        finally:
+            consumer.close()
+
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         lost = {tp.partition for tp in partitions}
         with self._ack_lock:
-            self._ack_partitions -= lost
+            for partition in lost:
+                self._ack_partitions.pop(partition, None)
         with self._replay_lock:
             for partition in lost:
                 self._replay_targets.pop(partition, None)
@@ -968,16 +990,22 @@ class CoordinatorService:
             self.settings.bootstrap, client_id=f"{self.settings.instance_id}-acks"
         )
         subscriber = EventSubscriber(consumer, self.codec, self._report_malformed)
-        assigned: set[int] = set()
+        assigned: dict[int, int] = {}
         try:
             while not self._stop.is_set():
                 with self._ack_lock:
-                    wanted = set(self._ack_partitions)
-                if wanted != assigned:
-                    # New partitions start at their end: acknowledgements written before this
-                    # instance owned the job belong to checkpoints it will not complete.
-                    subscriber.assign([TopicPartition(ACKS.name(), p, -1) for p in sorted(wanted)])
-                    assigned = wanted
+                    wanted = dict(self._ack_partitions)
+                lost, gained = ack_assignment_changes(assigned, wanted)
+                if lost:
+                    consumer.incremental_unassign([TopicPartition(ACKS.name(), p) for p in lost])
+                if gained:
+                    # a gained partition starts where it ended when this instance took it (not
+                    # at its end now: an answer to a trigger sent meanwhile would be skipped);
+                    # partitions kept are not touched, so none of their answers is skipped
+                    consumer.incremental_assign(
+                        [TopicPartition(ACKS.name(), p, wanted[p]) for p in gained]
+                    )
+                assigned = wanted
                 if not assigned:
                     time.sleep(POLL_TIMEOUT_S)
                     continue
@@ -1378,3 +1406,13 @@ def _merge(base: CheckpointSettings, changes: CheckpointSettings) -> CheckpointS
             if getattr(changes, f.name) is not None
         },
     )
+
+
+def ack_assignment_changes(
+    assigned: dict[int, int], wanted: dict[int, int]
+) -> tuple[list[int], list[int]]:
+    """(acks partitions to let go, partitions to start reading): a partition taken again
+    (revoked, then assigned back with a new start) counts as both."""
+    lost = sorted(p for p in assigned if p not in wanted or wanted[p] != assigned[p])
+    gained = sorted(p for p in wanted if p not in assigned or wanted[p] != assigned[p])
+    return lost, gained
