@@ -198,7 +198,7 @@ def inflation(root: Path, path: str) -> dict[str, object]:
         target.mkdir()
         files = []
         for i, channel in enumerate(channels):
-            segments = list(channel.segments) + recovery.spilled_segments(i)
+            segments = recovery.channel_state(channel, 0)  # as an unaligned snapshot takes it
             groups = (ranges[i].start, ranges[i].end)
             handles, _ = channel_state.persist(segments, str(channel_dir), str(target), i, groups)
             if handles:

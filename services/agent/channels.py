@@ -65,9 +65,10 @@ class Channel:
         source: tuple[str, int] | None = None,
         first_offset: int = 0,
         key_groups: tuple[int, int] | None = None,
+        exact: bool = True,
     ) -> Segment:
         self._sequence += 1
-        segment = Segment(self._sequence, path, rows, size, source, first_offset, key_groups)
+        segment = Segment(self._sequence, path, rows, size, source, first_offset, key_groups, exact)
         self.segments.append(segment)
         self.queued_bytes += size
         self.appended_bytes += size
@@ -80,11 +81,7 @@ class Channel:
         """Appends a segment of restored channel state: it precedes everything new, so every
         barrier placed meanwhile moves behind it (no new input is queued while restored segments
         still come in: `recovery.ChannelRecovery` holds stage 1 back)."""
-        self._sequence += 1
-        segment = Segment(self._sequence, path, rows, size, None, 0, key_groups, exact)
-        self.segments.append(segment)
-        self.queued_bytes += size
-        self.appended_bytes += size
+        segment = self.append(path, rows, size, key_groups=key_groups, exact=exact)
         self.barriers = deque(
             (checkpoint_id, segment.sequence) for checkpoint_id, _ in self.barriers
         )

@@ -244,22 +244,28 @@ class ChannelRecovery:
                     f"({files} files left for {len(pending)} subtasks)"
                 )
             return None
-        for i, last in self.restored_through.items():
-            segments = channels[i].segments
-            if segments and segments[0].sequence <= last:
-                return f"keyed-{i}", (
-                    f"still processing restored channel state of checkpoint "
-                    f"{self.checkpoint_id} (execution.checkpointing.unaligned.during-recovery."
-                    "enabled is false: no checkpoint until recovery ends)"
-                )
-        self.restored_through.clear()
+        for i in self._processing_restored(channels):
+            return f"keyed-{i}", (
+                f"still processing restored channel state of checkpoint "
+                f"{self.checkpoint_id} (execution.checkpointing.unaligned.during-recovery."
+                "enabled is false: no checkpoint until recovery ends)"
+            )
         return None
+
+    def _processing_restored(self, channels: list[Channel]) -> list[int]:
+        """Channels with restored segments still queued; the others are forgotten, so once
+        recovery is over this costs nothing."""
+        for i, last in list(self.restored_through.items()):
+            segments = channels[i].segments
+            if not segments or segments[0].sequence > last:
+                del self.restored_through[i]
+        return sorted(self.restored_through)
 
     def restored_queued(self, channels: list[Channel]) -> int:
         """Restored segments not processed yet: waiting, or queued in a channel."""
         queued = sum(
-            sum(1 for s in channels[i].segments if s.sequence <= last)
-            for i, last in self.restored_through.items()
+            sum(1 for s in channels[i].segments if s.sequence <= self.restored_through[i])
+            for i in self._processing_restored(channels)
         )
         return queued + sum(len(queue) for queue in self.waiting.values())
 
@@ -362,21 +368,19 @@ class ChannelRecovery:
         batch = next(b for b in self.batches if b.number == result.batch)
         self.batches.remove(batch)
         self.read_bytes += result.read_bytes
-        expected = {i for i, q in self.waiting.items() if any(
-            isinstance(e, Unfiltered) and e.batch is batch for e in q
-        )}  # fmt: skip
-        if not set(result.outputs) <= expected:
+        places: dict[int, int] = {}  # each subtask's entry for this batch (one, in order)
+        for i, queue in self.waiting.items():
+            for k, entry in enumerate(queue):
+                if isinstance(entry, Unfiltered) and entry.batch is batch:
+                    places[i] = k
+                    break
+        if not set(result.outputs) <= set(places):
             raise RuntimeError(
                 f"split of restored channel state gave rows to subtasks "
-                f"{sorted(set(result.outputs) - expected)} that do not own any file of it"
+                f"{sorted(set(result.outputs) - set(places))} that do not own any file of it"
             )
-        for subtask, queue in self.waiting.items():
-            index = next(
-                (k for k, e in enumerate(queue) if isinstance(e, Unfiltered) and e.batch is batch),
-                None,
-            )
-            if index is None:
-                continue
+        for subtask, index in places.items():
+            queue = self.waiting[subtask]
             output = result.outputs.get(subtask)
             if output is None:
                 del queue[index]

@@ -243,6 +243,8 @@ class Agent(SubtaskCheckpointing):
         """Segments live here, written by stage-1 tasks, read by stage-2 tasks: never by the
         driver (on a cluster, storage every executor reaches)."""
         self.segment_files = SegmentFiles(self.channel_dir)
+        self.restoring = ChannelRecovery()
+        """Restored channel state on its way into the channels (`recovery`), per attempt."""
         self.stage1 = ThreadPoolExecutor(1, thread_name_prefix="stage-1")
         self._fetching: Future[list[FetchResult]] | None = None
         self.stage2 = ThreadPoolExecutor(1, thread_name_prefix="stage-2")
@@ -428,8 +430,7 @@ class Agent(SubtaskCheckpointing):
 
     def _close(self) -> None:
         self.membership.stop_heartbeats()
-        splitting = getattr(self, "restoring", None)
-        if splitting is not None and splitting.future is not None and self.spark is not None:
+        if self.restoring.future is not None and self.spark is not None:
             with contextlib.suppress(Exception):  # a split of restored channel state: redone
                 self.traffic.cancel_open(self.spark.sparkContext)  # by the next restore
         self.stage1.shutdown(wait=True)
@@ -460,11 +461,8 @@ class Agent(SubtaskCheckpointing):
     def _reset(self) -> None:
         """After a failure: completed epochs made visible where possible (the restore publishes
         the rest), a sink that may have failed renewed, sources and channels let go."""
-        restoring = getattr(self, "restoring", None)
         in_flight: list[Future[Any]] = [
-            f
-            for f in (self._fetching, self._processing, restoring and restoring.future)
-            if f is not None
+            f for f in (self._fetching, self._processing, self.restoring.future) if f is not None
         ]
         _, unfinished = wait(in_flight, RESET_WAIT_S)
         if unfinished and self.spark is not None:  # read and processed again after the restore

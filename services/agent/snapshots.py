@@ -229,8 +229,8 @@ class SubtaskCheckpointing:
             pending = self.pending[checkpoint_id]
             if pending.snapshotted:
                 continue
-            aligned = all(c.aligned(checkpoint_id) for c in self.channels) and not any(
-                self.restoring.waiting.values()
+            aligned = all(c.aligned(checkpoint_id) for c in self.channels) and not (
+                self.restoring.holds_input()
             )  # restored segments still waiting to enter a channel precede every barrier
             policy = pending.policy
             decision = policy.decide(aligned, now) if policy else Decision.ALIGNED

@@ -394,8 +394,7 @@ class CoordinatorService:
                 self.settings.bootstrap, partition, self.codec, self._on_fenced
             )
         overrides, stores = self._replay(owned)
-        ends = self._jobs_end_offsets(owned)
-        ack_starts = self._acks_end_offsets(owned)
+        ends, ack_starts = self._end_offsets(owned)
         epochs = {
             p: 1 + max((r.owner_epoch for r in stores.get(p, {}).values()), default=0)
             for p in owned
@@ -423,23 +422,18 @@ class CoordinatorService:
 
         self._post(apply)
 
-    def _jobs_end_offsets(self, partitions: list[int]) -> dict[int, int]:
-        """Where the replay of each assigned partition of the jobs topic ends: the true end
-        offset now (see `true_end_offset`: agents may write batches of several records)."""
-        consumer = make_consumer(self.settings.bootstrap, profile=ConsumerProfile.REPLAY)
-        try:
-            return {p: true_end_offset(consumer, JOBS.name(), p) for p in partitions}
-        finally:
-            consumer.close()
+    def _end_offsets(self, partitions: list[int]) -> tuple[dict[int, int], dict[int, int]]:
+        """Per assigned partition, read through one consumer:
 
-    def _acks_end_offsets(self, partitions: list[int]) -> dict[int, int]:
-        """Where reading each acks partition starts: its end now, taken before this instance
-        triggers a checkpoint there, so no answer to one of its triggers can lie before it. (The
-        embedded broker reports the last batch's base offset + 1: a few older answers are read
-        again, and skipped as answers to checkpoints this instance does not track.)"""
+        - where the replay of the jobs topic ends: the true end offset now (see
+          `true_end_offset`: agents may write batches of several records);
+        - where reading the acks topic starts: its end now, taken before this instance triggers
+          a checkpoint there, so no answer to one of its triggers can lie before it. (The
+          embedded broker reports the last batch's base offset + 1: a few older answers are
+          read again, and skipped as answers to checkpoints this instance does not track.)"""
         consumer = make_consumer(self.settings.bootstrap, profile=ConsumerProfile.REPLAY)
         try:
-            return {
+            acks = {
                 p: int(
                     consumer.get_watermark_offsets(
                         TopicPartition(ACKS.name(), p), timeout=10, cached=False
@@ -447,6 +441,8 @@ class CoordinatorService:
                 )
                 for p in partitions
             }
+            jobs = {p: true_end_offset(consumer, JOBS.name(), p) for p in partitions}
+            return jobs, acks
         finally:
             consumer.close()
 
