@@ -1,163 +1,201 @@
 """Trigger-to-completed latency of the coordinator service on the embedded broker, with agents
-that acknowledge at once. Writes bench/results/coordinator_latency.json.
+that acknowledge at once, and where its milliseconds go. Writes
+bench/results/coordinator_latency.json.
 
 Two runs, each a fresh coordinator (real Kafka I/O, transactions, timers, ``_metadata`` on
-local disk):
+local disk) on a thread of this process, with a step trace installed
+(`services.coordinator.trace`):
 - one job of 8 subtasks, checkpoint interval 200 ms;
-- 200 jobs of 4 subtasks, interval 1 s.
+- 1,000 jobs of 4 subtasks, interval 1 s.
 
-One "fleet" agent stands in for all jobs (one producer, one consumer) and acknowledges every
-subtask as soon as it sees a trigger. Per completed checkpoint it records the coordinator-side
-latency (``completed_timestamp - trigger_timestamp``) and the agent-side one (trigger timestamp
-to the moment the agent read the completion). Trigger jitter is how far each job's consecutive
-triggers are from one interval apart.
+One "fleet" agent, in a process of its own so it takes no interpreter time from the coordinator,
+stands in for all jobs (one producer, one consumer) and acknowledges every subtask as soon as it
+sees a trigger. It records when it saw each trigger, when the broker acknowledged the last
+answer, and when it saw the completion, on the same wall clock as the coordinator's trace.
+
+Per checkpoint the breakdown is:
+
+- trigger transaction: decided -> the transaction with the id counter and the trigger committed;
+- delivery to the agent: committed -> the agent read the trigger (negative when the agent read
+  it before the commit's answer reached the coordinator);
+- ack produce: the agent read the trigger -> the broker acknowledged its last answer;
+- ack consume: -> the coordinator's reader took the last answer off the broker;
+- loop hop: -> the event loop handled it;
+- metadata: -> ``_metadata`` written (scheduling the write included);
+- completion: -> the coordinator completed the checkpoint (a loop hop);
+- completion transaction: -> the notification's transaction committed;
+- notification delivery: -> the agent read the notification.
 """
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import itertools
+import multiprocessing
 import os
 import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
-from confluent_kafka import TopicPartition
-from recording import percentiles, write_results
-
-from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker, free_port
-from services.common.events import (
-    AcknowledgeCheckpoint,
-    JobRegistered,
-    JobStatus,
-    NotifyCheckpointComplete,
-    StateHandle,
-    StateHandleKind,
-    Subtask,
-    TriggerCheckpoint,
-)
-from services.common.kafka import (
-    EventPublisher,
-    EventSubscriber,
-    make_admin,
-    make_consumer,
-    make_producer,
-)
-from services.common.keygroups import key_group_range
-from services.common.settings import CheckpointConfig
-from services.common.topics import ACKS, CONTROL, JOBS, create_topics
-from services.coordinator.main import serve
-from services.coordinator.service import CoordinatorService, ServiceSettings
+from recording import Sampler, percentiles, start_coordinator, write_results
 
 PARTITIONS = 6
 WARMUP_S = 3.0
 
+SEGMENTS = (
+    ("trigger transaction", "triggered", "trigger_committed"),
+    ("delivery to the agent", "trigger_committed", "agent_saw_trigger"),
+    ("ack produce", "agent_saw_trigger", "ack_delivered"),
+    ("ack consume", "ack_delivered", "last_ack_received"),
+    ("loop hop", "last_ack_received", "last_ack_handled"),
+    ("metadata", "last_ack_handled", "metadata_written"),
+    ("completion", "metadata_written", "completed"),
+    ("completion transaction", "completed", "completion_committed"),
+    ("notification delivery", "completion_committed", "agent_saw_completion"),
+)
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+
+def wall_ms() -> float:
+    return time.time() * 1000
 
 
-class FleetAgent:
-    def __init__(
-        self, bootstrap: str, codec: EventCodec, jobs: int, subtasks: int, interval: str
-    ) -> None:
-        self.bootstrap, self.codec = bootstrap, codec
-        self.jobs = [f"bench-{uuid.uuid4().hex[:6]}-{j}" for j in range(jobs)]
-        self.subtasks = [f"keyed-{i}" for i in range(subtasks)]
-        self.interval = interval
-        self.publisher = EventPublisher(make_producer(bootstrap), codec)
-        self.latency_ms: list[int] = []
-        self.observed_ms: list[int] = []
-        self.trigger_times: dict[str, list[int]] = {j: [] for j in self.jobs}
-        self.triggered_at: dict[tuple[str, int], int] = {}
-        self.measuring = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+def fleet_agent(
+    bootstrap: str,
+    prefix: str,
+    jobs: list[str],
+    subtasks: int,
+    interval: str,
+    stop: Any,
+    out: Any,
+) -> None:
+    """In its own process: registers the jobs, acknowledges every trigger at once, and sends back
+    (job, checkpoint) -> the moments it saw the trigger, got its last answer acknowledged and saw
+    the completion, plus each job's trigger timestamps."""
+    os.environ["SPARKPOINT_TOPIC_PREFIX"] = prefix
+    from confluent_kafka import TopicPartition
 
-    def start(self) -> None:
-        n = len(self.subtasks)
-        ranges = [key_group_range(128, n, i) for i in range(n)]
-        for job in self.jobs:
-            registration = JobRegistered(
-                job, "bench", "fleet", 0, JobStatus.RUNNING, n, 128,
-                [Subtask(s, i, r.start, r.end) for i, (s, r) in enumerate(zip(self.subtasks, ranges, strict=True))],
-                {"execution.checkpointing.interval": self.interval, "execution.checkpointing.timeout": "30s"},
-                now_ms(),
-            )  # fmt: skip
-            self.publisher.publish_nowait(JOBS, job, registration)
-        self.publisher.flush()
-        self._thread.start()
+    from services.common.avro import EventCodec
+    from services.common.events import (
+        AcknowledgeCheckpoint,
+        JobRegistered,
+        JobStatus,
+        NotifyCheckpointComplete,
+        StateHandle,
+        StateHandleKind,
+        Subtask,
+        TriggerCheckpoint,
+    )
+    from services.common.kafka import EventPublisher, EventSubscriber, make_consumer, make_producer
+    from services.common.keygroups import key_group_range
+    from services.common.topics import ACKS, CONTROL, JOBS
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self.publisher.close()
+    codec = EventCodec()
+    publisher = EventPublisher(make_producer(bootstrap), codec)
+    names = [f"keyed-{i}" for i in range(subtasks)]
+    ranges = [key_group_range(128, subtasks, i) for i in range(subtasks)]
+    for job in jobs:
+        registration = JobRegistered(
+            job, "bench", "fleet", 0, JobStatus.RUNNING, subtasks, 128,
+            [Subtask(s, i, r.start, r.end) for i, (s, r) in enumerate(zip(names, ranges, strict=True))],
+            {"execution.checkpointing.interval": interval, "execution.checkpointing.timeout": "30s"},
+            int(wall_ms()),
+        )  # fmt: skip
+        publisher.publish_nowait(JOBS, job, registration)
+    publisher.flush()
+    marks: dict[tuple[str, int], dict[str, float]] = {}
+    trigger_times: dict[str, list[int]] = {j: [] for j in jobs}
+    lock = threading.Lock()
 
-    def _run(self) -> None:
-        subscriber = EventSubscriber(make_consumer(self.bootstrap), self.codec)
-        subscriber.assign([TopicPartition(CONTROL.name(), p, 0) for p in range(PARTITIONS)])
-        mine = set(self.jobs)
-        while not self._stop.is_set():
-            for record in subscriber.poll(0.01, max_records=5000):
-                event = record.event
-                if record.key not in mine:
-                    continue
-                if isinstance(event, TriggerCheckpoint):
-                    self.trigger_times[event.job_id].append(event.trigger_timestamp)
-                    self.triggered_at[(event.job_id, event.checkpoint_id)] = event.trigger_timestamp
-                    for subtask in self.subtasks:
-                        ack = AcknowledgeCheckpoint(
-                            event.job_id, event.checkpoint_id, subtask, 0, now_ms(),
-                            [StateHandle(f"{event.target_location}/{subtask}", StateHandleKind.KEYED_STATE, 64)],
-                            64, 0, 0, 0, 0, False, 64, 0, agent_id="fleet",
-                        )  # fmt: skip
-                        self.publisher.publish_nowait(ACKS, event.job_id, ack)
-                    self.publisher.producer.poll(0)
-                elif isinstance(event, NotifyCheckpointComplete) and self.measuring:
-                    triggered = self.triggered_at.get((event.job_id, event.checkpoint_id))
-                    if triggered is not None:
-                        self.latency_ms.append(event.completed_timestamp - triggered)
-                        self.observed_ms.append(now_ms() - triggered)
-        subscriber.close()
+    def delivered(key: tuple[str, int]) -> Any:
+        def done(error: Any, message: Any) -> None:
+            with lock:
+                marks.setdefault(key, {})["ack_delivered"] = wall_ms()
+
+        return done
+
+    publisher._ensure_poller()  # delivery reports as they come, on the publisher's own thread
+    subscriber = EventSubscriber(make_consumer(bootstrap), codec)
+    subscriber.assign([TopicPartition(CONTROL.name(), p, 0) for p in range(PARTITIONS)])
+    mine = set(jobs)
+    while not stop.is_set():
+        for record in subscriber.poll(0.01, max_records=5000):
+            event = record.event
+            if record.key not in mine:
+                continue
+            if isinstance(event, TriggerCheckpoint):
+                key = (event.job_id, event.checkpoint_id)
+                with lock:
+                    marks.setdefault(key, {})["agent_saw_trigger"] = wall_ms()
+                    marks[key]["trigger_timestamp"] = event.trigger_timestamp
+                trigger_times[event.job_id].append(event.trigger_timestamp)
+                for subtask in names:
+                    ack = AcknowledgeCheckpoint(
+                        event.job_id, event.checkpoint_id, subtask, 0, int(wall_ms()),
+                        [StateHandle(f"{event.target_location}/{subtask}", StateHandleKind.KEYED_STATE, 64)],
+                        64, 0, 0, 0, 0, False, 64, 0, agent_id="fleet",
+                    )  # fmt: skip
+                    publisher.publish_nowait(ACKS, event.job_id, ack, delivered(key))
+            elif isinstance(event, NotifyCheckpointComplete):
+                key = (event.job_id, event.checkpoint_id)
+                with lock:
+                    marks.setdefault(key, {})["agent_saw_completion"] = wall_ms()
+                    marks[key]["completed_timestamp"] = event.completed_timestamp
+    subscriber.close()
+    publisher.close(5)
+    with lock:
+        out.send((marks, trigger_times))
 
 
 def scenario(
-    bootstrap: str,
-    codec: EventCodec,
-    name: str,
-    jobs: int,
-    subtasks: int,
-    interval_ms: int,
-    seconds: float,
+    bootstrap: str, name: str, jobs: int, subtasks: int, interval_ms: int, seconds: float
 ) -> dict[str, object]:
-    os.environ["SPARKPOINT_TOPIC_PREFIX"] = f"b{uuid.uuid4().hex[:8]}."
-    create_topics(make_admin(bootstrap), partitions=PARTITIONS)
+    from services.coordinator.trace import StepTrace
+
+    prefix = f"b{uuid.uuid4().hex[:8]}."
+    os.environ["SPARKPOINT_TOPIC_PREFIX"] = prefix
     root = Path(tempfile.mkdtemp(prefix="sparkpoint-bench-"))
-    defaults = CheckpointConfig(
-        checkpoint_dir=str(root / "checkpoints"), savepoint_dir=str(root / "savepoints")
+    service = start_coordinator(bootstrap, root, PARTITIONS)
+    trace = service.trace = StepTrace()
+    job_ids = [f"bench-{uuid.uuid4().hex[:6]}-{j}" for j in range(jobs)]
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    receive, send = context.Pipe(duplex=False)
+    agent = context.Process(
+        target=fleet_agent,
+        args=(bootstrap, prefix, job_ids, subtasks, f"{interval_ms}ms", stop, send),
     )
-    service = CoordinatorService(ServiceSettings(bootstrap, defaults))
-    thread = threading.Thread(
-        target=lambda: asyncio.run(serve(service, "127.0.0.1", free_port())), daemon=True
-    )
-    thread.start()
-    service.ready.wait(30)
-    agent = FleetAgent(bootstrap, codec, jobs, subtasks, f"{interval_ms}ms")
     agent.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while len(service.jobs) < jobs and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(WARMUP_S)
-    agent.measuring = True
+    window = (wall_ms(), wall_ms() + seconds * 1000)
+    sampler = Sampler().start()
+    cpu = time.process_time()
     time.sleep(seconds)
-    agent.measuring = False
-    agent.stop()
+    cpu = time.process_time() - cpu
+    sampler.stop()
+    stop.set()
+    agent_marks, trigger_times = receive.recv()
+    agent.join(30)
     service.stop()
-    thread.join(20)
-    gaps = [b - a for times in agent.trigger_times.values() for a, b in itertools.pairwise(times)]
+    time.sleep(1)
+    steps: list[dict[str, float]] = []
+    for checkpoint in trace.traces():
+        at = {**checkpoint.at, **agent_marks.get((checkpoint.job_id, checkpoint.checkpoint_id), {})}
+        if window[0] <= at.get("triggered", 0) < window[1] and "agent_saw_completion" in at:
+            steps.append(at)
+    breakdown = {
+        label: percentiles([round(s[end] - s[begin], 2) for s in steps if begin in s and end in s])
+        for label, begin, end in SEGMENTS
+    }
+    latency = [int(s["completed_timestamp"] - s["trigger_timestamp"]) for s in steps]
+    coordinator = [round(s["completion_committed"] - s["triggered"], 2) for s in steps]
+    observed = [round(s["agent_saw_completion"] - s["triggered"], 2) for s in steps]
+    gaps = [b - a for times in trigger_times.values() for a, b in itertools.pairwise(times)]
     # A gap of about two intervals is a periodic trigger dropped because the previous checkpoint
     # was still pending (max concurrent 1): that is scheduling policy, not timer imprecision.
     on_time = [abs(gap - interval_ms) for gap in gaps if gap < 1.5 * interval_ms]
@@ -167,32 +205,62 @@ def scenario(
         "subtasks_per_job": subtasks,
         "interval_ms": interval_ms,
         "measured_seconds": seconds,
-        "completed_checkpoints": len(agent.latency_ms),
-        "completions_per_s": round(len(agent.latency_ms) / seconds, 1),
-        "trigger_to_completed_ms": percentiles(agent.latency_ms),
-        "trigger_to_agent_sees_completion_ms": percentiles(agent.observed_ms),
+        "completed_checkpoints": len(steps),
+        "completions_per_s": round(len(steps) / seconds, 1),
+        "trigger_to_completed_ms": percentiles(latency),
+        "decided_to_completion_committed_ms": percentiles(coordinator),
+        "decided_to_agent_sees_completion_ms": percentiles(observed),
+        "breakdown_ms": breakdown,
         "trigger_jitter_ms": percentiles(on_time),
         "periodic_triggers_skipped_while_pending": skipped,
+        "partitions_lost": service.partitions_lost,
+        "coordinator_cpu_s_per_1000_checkpoints": round(1000 * cpu / max(1, len(steps)), 2),
+        "cpu_s_by_thread": sampler.cpu_s,
+        "profile": dict(sampler.top()),
     }
-    latency = result["trigger_to_completed_ms"]
     print(
-        f"  {name}: {result['completed_checkpoints']} checkpoints, trigger->completed p50 {latency.get('p50')} ms "  # type: ignore[union-attr]
-        f"p99 {latency.get('p99')} ms; jitter p99 {result['trigger_jitter_ms'].get('p99')} ms; "
-        f"{skipped} periodic triggers skipped while one was pending"  # type: ignore[union-attr]
+        f"  {name}: {len(steps)} checkpoints, trigger->completed p50 "
+        f"{result['trigger_to_completed_ms'].get('p50')} ms p99 "  # type: ignore[union-attr]
+        f"{result['trigger_to_completed_ms'].get('p99')} ms; {skipped} periodic triggers "  # type: ignore[union-attr]
+        f"skipped while one was pending; {service.partitions_lost} partitions lost"
     )
+    print(f"    {'step':<24}{'p50':>8}{'p90':>8}{'p99':>8}  ms")
+    for label, figures in breakdown.items():
+        print(
+            f"    {label:<24}{figures.get('p50', 0):>8.1f}{figures.get('p90', 0):>8.1f}"
+            f"{figures.get('p99', 0):>8.1f}"
+        )
+    print(
+        f"    coordinator CPU: {result['coordinator_cpu_s_per_1000_checkpoints']} s per 1,000 checkpoints; where its threads were busy:"
+    )
+    for where, share in sampler.top(15):
+        print(f"      {share:6.1%}  {where}")
+    print(f"    CPU seconds by thread: {sampler.cpu_s}")
     return result
 
 
 def main() -> None:
-    codec = EventCodec()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs of the many-jobs run")
+    parser.add_argument("--seconds", type=float, default=30, help="measured seconds per run")
+    args = parser.parse_args()
+    from services.common.broker import EmbeddedBroker
+
     print("coordinator latency on the embedded broker, agents acknowledging at once")
     with EmbeddedBroker() as broker:
-        one_job = scenario(broker.bootstrap, codec, "1 job x 8 subtasks @ 200 ms", 1, 8, 200, 20)
-        many = scenario(broker.bootstrap, codec, "200 jobs x 4 subtasks @ 1 s", 200, 4, 1000, 30)
+        one_job = scenario(broker.bootstrap, "1 job x 8 subtasks @ 200 ms", 1, 8, 200, 20)
+        many = scenario(
+            broker.bootstrap,
+            f"{args.jobs} jobs x 4 subtasks @ 1 s",
+            args.jobs,
+            4,
+            1000,
+            args.seconds,
+        )
     results = {
         "benchmark": "coordinator_latency",
         "one_job_8_subtasks": one_job,
-        "200_jobs_4_subtasks": many,
+        f"{args.jobs}_jobs_4_subtasks": many,
     }
     path = write_results("coordinator_latency", results)
     print(f"wrote {path}")

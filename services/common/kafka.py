@@ -88,6 +88,7 @@ def producer_config(
     client_id: str = "sparkpoint",
     transactional_id: str | None = None,
     one_record_per_batch: bool = False,
+    linger_ms: int = 1,
 ) -> dict[str, Any]:
     """acks=all and idempotence always. ``transactional_id`` must be fixed per writer so that a
     successor's ``init_transactions`` aborts a crashed predecessor's open transaction.
@@ -96,7 +97,7 @@ def producer_config(
     config = _base(bootstrap, client_id) | {
         "acks": "all",
         "enable.idempotence": True,
-        "linger.ms": 1,
+        "linger.ms": linger_ms,
         "delivery.timeout.ms": DELIVERY_TIMEOUT_MS,
         # Java's partitioner: a job id lands on the same partition whichever client writes it,
         # and a job's registrations, acknowledgements and control events share a partition.
@@ -422,7 +423,13 @@ def read_to_end(
 ) -> list[Received]:
     """Reads the given partitions (all by default) from the start up to the end offsets taken
     when the call starts, as Kafka Connect reads its config topic: never "until N messages
-    arrived". Use a subscriber built with the REPLAY profile."""
+    arrived". Use a subscriber built with the REPLAY profile.
+
+    The end offset a broker reports may be the base offset of the partition's last batch + 1
+    (the embedded one does), so the read takes the whole batch that holds it: every record
+    already fetched when the end is reached is kept (a fetch hands a batch over whole). Records
+    beyond the end offset are newer than the start of the call; callers keep the newest per
+    key, so they do no harm."""
     name = _topic(topic)
     watermarks = end_offsets(subscriber.consumer, name)
     wanted = set(watermarks) if partitions is None else set(partitions)
@@ -438,13 +445,13 @@ def read_to_end(
             raise TimeoutError(
                 f"{name}: partitions {sorted(remaining)} not read to their end offsets"
             )
-        for record in subscriber.poll(timeout_s=0.2):
-            if record.partition in remaining and record.offset < remaining[record.partition]:
-                received.append(record)
+        received.extend(subscriber.poll(timeout_s=0.2))
         positions = subscriber.consumer.position([TopicPartition(name, p) for p in remaining])
         for tp in positions:
             if tp.offset >= remaining[tp.partition]:
                 del remaining[tp.partition]
+    while tail := subscriber.poll(timeout_s=0, max_records=10_000):
+        received.extend(tail)
     return received
 
 

@@ -9,6 +9,8 @@ import logging
 import os
 import posixpath
 import re
+import shutil
+import threading
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,11 +29,12 @@ class PathOutsideRoots(ValueError):
 
 
 def _split(url: str) -> tuple[str, str]:
-    """(protocol, normalised absolute path) of a URL or local path."""
+    """(protocol, normalised absolute path) of a URL or local path; local paths are made
+    absolute and normalised, their symbolic links are resolved by `Storage`."""
     if "://" in url:
         protocol, rest = url.split("://", 1)
         return protocol, posixpath.normpath("/" + rest.lstrip("/"))
-    return "file", str(Path(url).expanduser().resolve())
+    return "file", os.path.normpath(os.path.abspath(os.path.expanduser(url)))
 
 
 def canonical(url: str) -> str:
@@ -68,13 +71,72 @@ class Storage:
     """File operations confined to ``roots`` (fsspec URLs or local paths)."""
 
     def __init__(self, roots: Iterable[str]) -> None:
-        self.roots = [_split(root) for root in roots]
+        self.roots = [
+            (protocol, os.path.realpath(root) if protocol == "file" else root)
+            for protocol, root in map(_split, roots)
+        ]
         if not self.roots:
             raise ValueError("storage needs at least one root")
+        self._known: dict[str, str] = {}
+        """Local directories at most one level below a root (the roots, each job's directory)
+        that exist and are no symbolic link, by spelling -> real path (`_real`)."""
+        self._lock = threading.Lock()
 
     def check(self, path: str) -> str:
         """Returns ``path`` if it lies under a root; raises `PathOutsideRoots` otherwise."""
+        self._resolve(path)
+        return path
+
+    def _resolve(self, path: str, replaced: bool = False) -> tuple[str, str]:
+        """(protocol, real path) of a path under a root; `PathOutsideRoots` otherwise.
+        ``replaced``: the path's last component is about to be replaced by a rename, which
+        replaces a symbolic link itself, so only its directory is resolved."""
         protocol, normalised = _split(path)
+        if protocol == "file" and replaced:
+            directory, name = posixpath.split(normalised)
+            normalised = posixpath.join(self._real(directory), name)
+        elif protocol == "file":
+            normalised = self._real(normalised)
+        self._confine(path, protocol, normalised)
+        return protocol, normalised
+
+    def _real(self, path: str) -> str:
+        """``os.path.realpath`` of an absolute, normalised local path, without an ``lstat`` of
+        every component each time: the roots and the directories one level below them are
+        remembered once seen to exist as real directories (one cannot turn into a symbolic link
+        without being deleted, and deletes go through `delete`), so a checkpoint's file costs
+        an ``lstat`` of its last two components. Everything else is looked at on each call."""
+        known = self._known.get(path)
+        if known is not None:
+            return known
+        parent, name = posixpath.split(path)
+        if not name:
+            return path
+        candidate = posixpath.join(self._real(parent), name)
+        if os.path.islink(candidate):
+            return os.path.realpath(candidate)
+        if self._depth(candidate) <= 1 and os.path.isdir(candidate):
+            with self._lock:
+                self._known[path] = candidate
+        return candidate
+
+    def _depth(self, real: str) -> int:
+        """How many levels ``real`` lies below its root; a large number outside every root."""
+        for protocol, root in self.roots:
+            if protocol == "file" and (real == root or real.startswith(root.rstrip("/") + "/")):
+                return real[len(root) :].count("/")
+        return 1 << 30
+
+    def _forget(self, real: str) -> None:
+        """A local directory was deleted: `_real` looks at whatever takes its place."""
+        with self._lock:
+            prefix = real.rstrip("/") + "/"
+            for spelling in [
+                k for k, v in self._known.items() if v == real or v.startswith(prefix)
+            ]:
+                del self._known[spelling]
+
+    def _confine(self, path: str, protocol: str, normalised: str) -> str:
         for root_protocol, root in self.roots:
             if protocol == root_protocol and (
                 normalised == root or normalised.startswith(root.rstrip("/") + "/")
@@ -84,8 +146,13 @@ class Storage:
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """Writes ``data`` so that readers see all of it or nothing: a temporary file in the same
-        directory, renamed into place (object stores make a single put atomic anyway)."""
-        self.check(path)
+        directory, renamed into place (object stores make a single put atomic anyway). Local
+        files go through ``os`` directly (a write per completed checkpoint: fsspec's layers
+        cost more than the write)."""
+        protocol, real = self._resolve(path, replaced=True)
+        if protocol == "file":
+            _write_local(real, data)
+            return
         fs, target = url_to_fs(path)
         directory = posixpath.dirname(target)
         fs.makedirs(directory, exist_ok=True)
@@ -116,7 +183,10 @@ class Storage:
         Missing files are fine: a discard may be retried."""
         removed = 0
         for path in [*files, *([directory] if directory else [])]:
-            self.check(path)
+            protocol, real = self._resolve(path)
+            if protocol == "file":
+                removed += self._delete_local(real)
+                continue
             fs, target = url_to_fs(path)
             try:
                 if fs.exists(target):
@@ -125,6 +195,19 @@ class Storage:
             except FileNotFoundError:
                 pass
         return removed
+
+    def _delete_local(self, real: str) -> int:
+        """Deletes a file or a directory tree; 0 when it was not there."""
+        try:
+            if os.path.isdir(real) and not os.path.islink(real):
+                if self._depth(real) <= 1:
+                    self._forget(real)
+                shutil.rmtree(real)
+            else:
+                os.unlink(real)
+        except FileNotFoundError:
+            return 0
+        return 1
 
     def list_dirs(self, path: str) -> list[str]:
         """Sub-directories of ``path`` (for listing savepoints)."""
@@ -139,3 +222,20 @@ class Storage:
             for entry in fs.ls(target, detail=True)
             if entry["type"] == "directory"
         )
+
+
+def _write_local(path: str, data: bytes) -> None:
+    directory = posixpath.dirname(path)
+    temporary = posixpath.join(directory, f".{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp")
+    try:
+        out = open(temporary, "wb")  # noqa: SIM115  # closed below
+    except FileNotFoundError:  # the directory does not exist yet (it usually does: the agents
+        os.makedirs(directory, exist_ok=True)  # wrote the checkpoint's files into it)
+        out = open(temporary, "wb")  # noqa: SIM115
+    with out:
+        out.write(data)
+    try:
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise

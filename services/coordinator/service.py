@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import posixpath
 import threading
@@ -62,6 +63,7 @@ from services.common.events import (
     JobStatus,
     JobStatusChanged,
     NotifyCheckpointAborted,
+    NotifyCheckpointComplete,
     RegistrationResponse,
     SavepointFormat,
     SnapshotType,
@@ -113,8 +115,10 @@ from services.coordinator.commands import (
     Timer,
 )
 from services.coordinator.coordinator import CheckpointCoordinator, JobInfo
+from services.coordinator.files import Delete, FileWork, Write
 from services.coordinator.pending import AckResult
 from services.coordinator.store import CompletedCheckpoint, Discard, InMemoryCheckpointIdCounter
+from services.coordinator.trace import StepTrace, wall_ms
 from services.coordinator.writer import NotOwner, OutcomeUnknown, PartitionWriter, Tombstone
 from services.overrides.store import OverrideStore
 
@@ -294,12 +298,18 @@ class CoordinatorService:
         """For every partition, the newest announcement claiming it (read from the coordinators
         topic): where to redirect requests for jobs this instance does not own."""
         self._announcer: EventPublisher | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.files: FileWork
+        """``_metadata`` writes and discards, on threads of their own (started by `run`)."""
+        self.partitions_lost = 0
+        """Partitions taken from this instance while it ran (revoked, lost or fenced)."""
+        self.trace: StepTrace | None = None
+        """Installed by the latency benchmark: when each step of each checkpoint happened."""
 
     # --- running ---------------------------------------------------------------------------------------
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.files = FileWork(self.storage, self._post)
         self._announcer = EventPublisher(
             make_producer(self.settings.bootstrap, one_record_per_batch=True), self.codec
         )
@@ -330,6 +340,7 @@ class CoordinatorService:
                 await asyncio.to_thread(thread.join, 10)
             for writer in self.writers.values():
                 writer.close()
+            await asyncio.to_thread(self.files.close)
             self._announce(partitions=[])
             if self._announcer is not None:
                 self._announcer.close(5)
@@ -448,6 +459,8 @@ class CoordinatorService:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         lost = {tp.partition for tp in partitions}
+        if not self._stop.is_set():
+            self.partitions_lost += len(lost)
         with self._ack_lock:
             for partition in lost:
                 self._ack_partitions.pop(partition, None)
@@ -463,6 +476,8 @@ class CoordinatorService:
         self._post(lambda: self._drop_partitions(lost))
 
     def _on_fenced(self, writer: PartitionWriter) -> None:
+        self.partitions_lost += 1
+
         def drop() -> None:
             if self.writers.get(writer.partition) is writer:  # not a writer already replaced
                 self._drop_partitions({writer.partition})
@@ -1007,6 +1022,8 @@ class CoordinatorService:
                     continue
                 records = subscriber.poll(POLL_TIMEOUT_S)
                 if records:
+                    if self.trace is not None:
+                        self._trace_received(records)
                     self._post(lambda rs=records: self._on_acks(rs))  # type: ignore[misc]
         finally:
             consumer.close()
@@ -1041,6 +1058,8 @@ class CoordinatorService:
                 continue
             job.last_seen_ms = now
             if isinstance(event, AcknowledgeCheckpoint):
+                if self.trace is not None:
+                    self.trace.mark(event.job_id, event.checkpoint_id, "last_ack_handled")
                 result, commands, reason = job.core.on_acknowledge(event, now)
                 if result is AckResult.REFUSED:
                     self._reject(record, "acknowledgement", reason or "refused")
@@ -1052,6 +1071,15 @@ class CoordinatorService:
                 self._execute(job, commands)
             elif isinstance(event, DeclineCheckpoint):
                 self._execute(job, job.core.on_decline(event, now))
+
+    def _trace_received(self, records: Sequence[Received]) -> None:
+        assert self.trace is not None
+        at = wall_ms()
+        for record in records:
+            if isinstance(record.event, AcknowledgeCheckpoint):
+                ack = record.event
+                self.trace.mark(ack.job_id, ack.checkpoint_id, "first_ack_received", at)
+                self.trace.mark(ack.job_id, ack.checkpoint_id, "last_ack_received", at)
 
     def _reject_heartbeat(self, record: Received, event: AgentHeartbeat, problem: str) -> None:
         """Heartbeats come every second: a superseded agent's are counted, and logged once."""
@@ -1103,17 +1131,35 @@ class CoordinatorService:
             elif isinstance(command, CancelTimer):
                 self.timers.cancel(command.timer)
             elif isinstance(command, FinalizeCheckpoint):
-                task = asyncio.get_running_loop().create_task(self._finalize(job, command))
-                self._tasks.add(task)  # the loop keeps only weak references to tasks
-                task.add_done_callback(self._tasks.discard)
+                self._finalize(job, command)
             elif isinstance(command, DiscardState):
-                asyncio.get_running_loop().run_in_executor(None, self._discard, command)
+                self._discard(command)
             elif isinstance(command, RequestCompleted | RequestFailed):
                 self._answer(command)
         if rearm:
             self._timer_wakeup.set()
         if events:
-            self._publish(job, events)
+            done = self._publish(job, events)
+            if self.trace is not None:
+                self._trace_published(events, done)
+
+    def _trace_published(self, events: Sequence[Event], done: Future[None]) -> None:
+        """Marks a trigger or a completion decided now, and again when its transaction commits."""
+        trace = self.trace
+        assert trace is not None
+        for event in events:
+            if isinstance(event, TriggerCheckpoint | NotifyCheckpointComplete):
+                decided, committed = (
+                    ("triggered", "trigger_committed")
+                    if isinstance(event, TriggerCheckpoint)
+                    else ("completed", "completion_committed")
+                )
+                trace.mark(event.job_id, event.checkpoint_id, decided)
+                done.add_done_callback(
+                    functools.partial(
+                        _mark_done, trace, event.job_id, event.checkpoint_id, committed
+                    )
+                )
 
     def _publish(self, job: OwnedJob, events: Sequence[Event | Tombstone]) -> Future[None]:
         return self._publish_to(job.job_id, job.partition, events)
@@ -1135,44 +1181,49 @@ class CoordinatorService:
         done.add_done_callback(lambda f: _log_failure(job_id, f))
         return done
 
-    async def _finalize(self, job: OwnedJob, command: FinalizeCheckpoint) -> None:
-        metadata = SnapshotMetadata.from_acknowledgements(
-            command.job_id, command.checkpoint_id, command.snapshot_type, command.trigger_ms,
-            command.acknowledgements, job.registration.parallelism,
-            job.registration.max_parallelism, command.format_type,
-        ).to_json(command.external_path)  # fmt: skip
+    def _finalize(self, job: OwnedJob, command: FinalizeCheckpoint) -> None:
+        """Hands the ``_metadata`` write to the file threads; the checkpoint completes (or fails)
+        on the loop once it is written."""
         path = f"{command.external_path}/_metadata"
-        try:
-            await asyncio.to_thread(self.storage.write_atomic, path, metadata)
-        except Exception as exc:
-            log.error(
-                "job %s checkpoint %d: writing %s failed: %s",
-                command.job_id,
-                command.checkpoint_id,
-                path,
-                exc,
-            )
-            if self.jobs.get(job.job_id) is job:
+
+        def data() -> bytes:
+            return SnapshotMetadata.from_acknowledgements(
+                command.job_id, command.checkpoint_id, command.snapshot_type, command.trigger_ms,
+                command.acknowledgements, job.registration.parallelism,
+                job.registration.max_parallelism, command.format_type,
+            ).to_json(command.external_path)  # fmt: skip
+
+        def written(error: Exception | None) -> None:
+            if self.trace is not None and error is None:
+                self.trace.mark(command.job_id, command.checkpoint_id, "metadata_written")
+            if self.jobs.get(job.job_id) is not job:
+                return  # the job ended, restarted or moved meanwhile
+            now = self.clock.now_ms()
+            if error is not None:
+                log.error(
+                    "job %s checkpoint %d: writing %s failed: %s",
+                    command.job_id, command.checkpoint_id, path, error,
+                )  # fmt: skip
                 self._execute(
-                    job,
-                    job.core.on_finalize_failed(
-                        command.checkpoint_id, self.clock.now_ms(), str(exc)
-                    ),
+                    job, job.core.on_finalize_failed(command.checkpoint_id, now, str(error))
                 )
-            return
-        if self.jobs.get(job.job_id) is job and command.checkpoint_id in job.core.pending:
-            self._execute(job, job.core.on_finalized(command.checkpoint_id, self.clock.now_ms()))
+            elif command.checkpoint_id in job.core.pending:
+                self._execute(job, job.core.on_finalized(command.checkpoint_id, now))
+
+        if self.trace is not None:
+            self.trace.mark(command.job_id, command.checkpoint_id, "metadata_started")
+        self.files.write(Write(path, data, written))
 
     def _discard(self, command: DiscardState) -> None:
-        try:
-            self.storage.delete(command.discard.files, command.discard.directory)
-        except Exception as exc:  # a failed discard leaves garbage, never breaks the job
+        def failed(exc: Exception) -> None:  # a failed discard leaves garbage, never breaks the job
             log.warning(
                 "job %s: discarding checkpoint %d state failed: %s",
                 command.job_id,
                 command.discard.checkpoint_id,
                 exc,
             )
+
+        self.files.delete(Delete(command.discard.files, command.discard.directory, failed))
 
     def _answer(self, command: RequestCompleted | RequestFailed) -> None:
         request = self.requests.get(command.request_id)
@@ -1365,6 +1416,12 @@ class CoordinatorService:
             )  # fmt: skip
             return
         job.overrides = restored
+
+
+def _mark_done(
+    trace: StepTrace, job_id: str, checkpoint_id: int, step: str, _: Future[None]
+) -> None:
+    trace.mark(job_id, checkpoint_id, step)
 
 
 def _log_failure(job_id: str, done: Future[None]) -> None:

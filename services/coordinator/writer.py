@@ -101,13 +101,14 @@ class PartitionWriter:
         self.on_fenced = on_fenced
         self.transactional_id = f"{topic_prefix()}coordinator-p{partition}"
         self._topic_of = {kind: spec.name() for kind, spec in TOPIC_OF.items()}  # resolved once
-        # One record per batch: the audit and store topics are replayed to their end offsets,
-        # which the embedded broker reports right only for one-record batches.
+        # Batches of many records (a transaction's records for one topic travel together; the
+        # store and audit topics are replayed by `read_to_end`, which takes the last batch
+        # whole), sent at once: a trigger waits for no linger.
         self.producer: Producer = make_producer(
             bootstrap,
             transactional_id=self.transactional_id,
             client_id=f"sparkpoint-coordinator-p{partition}",
-            one_record_per_batch=True,
+            linger_ms=0,
         )
         self.producer.init_transactions(TRANSACTION_TIMEOUT_S)  # fences the previous owner
         self.alive = True

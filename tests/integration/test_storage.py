@@ -58,3 +58,45 @@ def test_list_dirs_lists_savepoints(storage: Storage, tmp_path: Path) -> None:
         (tmp_path / "savepoints" / name).mkdir(parents=True)
     names = [Path(p).name for p in storage.list_dirs(str(tmp_path / "savepoints"))]
     assert names == ["savepoint-job-a", "savepoint-job-b"]
+
+
+@pytest.mark.parametrize("where", ["job", "job/chk-1"])
+def test_a_symbolic_link_inside_a_root_cannot_lead_out(
+    storage: Storage, tmp_path: Path, where: str
+) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    link = tmp_path / "checkpoints" / where
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(outside)
+    with pytest.raises(PathOutsideRoots):
+        storage.write_atomic(str(link / "_metadata"), b"x")
+    with pytest.raises(PathOutsideRoots):
+        storage.delete([str(link / "file")], str(link))
+    assert list(outside.iterdir()) == []
+
+
+def test_a_job_directory_deleted_and_replaced_by_a_link_is_looked_at_again(
+    storage: Storage, tmp_path: Path
+) -> None:
+    """The storage remembers each job's directory as real once seen; a delete through it
+    forgets that, so a symbolic link put in its place is refused."""
+    job = tmp_path / "checkpoints" / "job"
+    storage.write_atomic(str(job / "chk-1" / "_metadata"), b"x")  # the job directory is known
+    storage.delete([], str(job))
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    job.symlink_to(outside)
+    with pytest.raises(PathOutsideRoots):
+        storage.write_atomic(str(job / "chk-2" / "_metadata"), b"x")
+    assert list(outside.iterdir()) == []
+
+
+def test_a_root_reached_through_a_symbolic_link_is_the_same_root(tmp_path: Path) -> None:
+    real = tmp_path / "real-checkpoints"
+    real.mkdir()
+    (tmp_path / "checkpoints").symlink_to(real)
+    storage = Storage([str(tmp_path / "checkpoints")])
+    storage.write_atomic(str(tmp_path / "checkpoints" / "job" / "chk-1" / "_metadata"), b"x")
+    storage.write_atomic(str(real / "job" / "chk-2" / "_metadata"), b"y")
+    assert (real / "job" / "chk-1" / "_metadata").read_bytes() == b"x"

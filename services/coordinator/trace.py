@@ -1,0 +1,74 @@
+"""Where a checkpoint's milliseconds go inside the coordinator service: the wall-clock moment of
+each step of each checkpoint, for `bench/coordinator_latency.py`. Off unless a caller installs
+one (``CoordinatorService.trace``); with none installed the service pays one ``is None`` test per
+step.
+
+Steps, in the order a checkpoint passes them (names are the keys of `CheckpointTrace.at`):
+
+1. ``triggered``: the job's coordinator decided to trigger (its ``_execute``);
+2. ``trigger_committed``: the transaction with the id counter and the trigger committed;
+3. ``first_ack_received`` / ``last_ack_received``: the acknowledgement reader took the first
+   and the last subtask's answer off the broker (its thread);
+4. ``last_ack_handled``: the event loop handled the last answer (the checkpoint is acknowledged);
+5. ``metadata_started`` / ``metadata_written``: the ``_metadata`` file, written and renamed;
+6. ``completed``: the job's coordinator completed the checkpoint;
+7. ``completion_committed``: the transaction with the completion notification committed.
+
+What happens at the agent (the trigger seen, the answer produced, the notification seen) is the
+benchmark's to record, on the same clock (one machine, ``time.time``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+STEPS = (
+    "triggered",
+    "trigger_committed",
+    "first_ack_received",
+    "last_ack_received",
+    "last_ack_handled",
+    "metadata_started",
+    "metadata_written",
+    "completed",
+    "completion_committed",
+)
+
+
+def wall_ms() -> float:
+    """Milliseconds since the epoch, with a fraction: the clock every step is read from."""
+    return time.time() * 1000
+
+
+@dataclass
+class CheckpointTrace:
+    job_id: str
+    checkpoint_id: int
+    at: dict[str, float] = field(default_factory=dict)
+
+
+class StepTrace:
+    """Step times per (job, checkpoint). Written from the loop, the acknowledgement reader and
+    the writers' threads; ``first_`` steps keep the earliest time, every other step the latest."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._traces: dict[tuple[str, int], CheckpointTrace] = {}
+
+    def mark(self, job_id: str, checkpoint_id: int, step: str, at_ms: float | None = None) -> None:
+        at = wall_ms() if at_ms is None else at_ms
+        with self._lock:
+            trace = self._traces.get((job_id, checkpoint_id))
+            if trace is None:
+                trace = self._traces[(job_id, checkpoint_id)] = CheckpointTrace(
+                    job_id, checkpoint_id
+                )
+            if step.startswith("first_") and step in trace.at:
+                return
+            trace.at[step] = at
+
+    def traces(self) -> list[CheckpointTrace]:
+        with self._lock:
+            return list(self._traces.values())
