@@ -31,6 +31,7 @@ import fastavro
 from fastavro.schema import fingerprint as _avro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
+from services.common.avro_compiled import Reader, Writer, compile_codec
 from services.common.events import EVENT_TYPES, Event
 
 MAGIC = b"\xc3\x01"
@@ -189,8 +190,10 @@ class EventCodec:
 
     def __init__(self, catalogue: SchemaCatalogue | None = None) -> None:
         self.catalogue = catalogue or SchemaCatalogue.load()
-        self._by_class: dict[type, tuple[SchemaVersion, bytes, _RecordConverter]] = {}
+        self._by_class: dict[type, tuple[bytes, Writer]] = {}
         self._by_name: dict[str, _RecordConverter] = {}
+        self._compiled: dict[bytes, tuple[str, Reader]] = {}
+        """Current schema fingerprint -> its compiled reader (older versions go via fastavro)."""
         for cls in EVENT_TYPES:
             schema = self.catalogue.current(cls.SCHEMA)
             converter = _RecordConverter(cls)
@@ -199,20 +202,28 @@ class EventCodec:
                     f"{cls.__name__} fields {sorted(converter.field_names)} do not match "
                     f"{schema.source.name} fields {sorted(_field_names(schema.definition))}"
                 )
-            self._by_class[cls] = (schema, MAGIC + schema.fingerprint, converter)
+            read, write = compile_codec(_without_logical_types(schema.definition), cls)
+            self._by_class[cls] = (MAGIC + schema.fingerprint, write)
+            self._compiled[schema.fingerprint] = (schema.full_name, read)
             self._by_name[cls.SCHEMA] = converter
 
     def encode(self, event: Event) -> bytes:
         try:
-            schema, header, converter = self._by_class[type(event)]
+            header, write = self._by_class[type(event)]
         except KeyError:
             raise TypeError(f"{type(event).__name__} is not a sparkpoint event") from None
-        out = io.BytesIO()
-        out.write(header)
-        fastavro.schemaless_writer(out, schema.parsed, converter.to_avro(event))
-        return out.getvalue()
+        out = bytearray(header)
+        try:
+            write(event, out)
+        except (AttributeError, KeyError, TypeError) as exc:
+            raise TypeError(f"{type(event).__name__} cannot be encoded: {exc!r}") from exc
+        return bytes(out)
 
     def decode(self, data: bytes) -> Event:
+        self._check_header(data)
+        compiled = self._compiled.get(bytes(data[2:HEADER_SIZE]))
+        if compiled is not None:
+            return self._read_current(*compiled, bytes(data))
         writer, body = self._split(data)
         reader = self.catalogue.current(writer.full_name)
         record = self._read(writer, reader, body)
@@ -222,7 +233,19 @@ class EventCodec:
             raise UndecodableEvent(f"{writer.full_name}: {exc}") from exc
         return event
 
-    def _split(self, data: bytes) -> tuple[SchemaVersion, io.BytesIO]:
+    @staticmethod
+    def _read_current(name: str, read: Reader, data: bytes) -> Event:
+        """An event written with the current schema of its type, by the compiled reader."""
+        try:
+            event, end = read(data, HEADER_SIZE)
+        except (IndexError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            raise UndecodableEvent(f"{name}: truncated or corrupt body ({exc!r})") from exc
+        if end != len(data):
+            raise UndecodableEvent(f"{name}: {len(data) - end} bytes after the body")
+        return event  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _check_header(data: bytes) -> None:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise UndecodableEvent(f"expected bytes, got {type(data).__name__}")
         if len(data) < HEADER_SIZE:
@@ -231,6 +254,9 @@ class EventCodec:
             raise UndecodableEvent(
                 f"no single-object marker C3 01 (starts with {bytes(data[:2]).hex()})"
             )
+
+    def _split(self, data: bytes) -> tuple[SchemaVersion, io.BytesIO]:
+        self._check_header(data)
         fp = bytes(data[2:HEADER_SIZE])
         writer = self.catalogue.by_fingerprint(fp)
         if writer is None:
