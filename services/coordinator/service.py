@@ -1178,8 +1178,19 @@ class CoordinatorService:
                 # job's counter never sees less than what any trigger after it used
                 self.durable[job_id] = event
         done = writer.submit(job_id, events)
-        done.add_done_callback(lambda f: _log_failure(job_id, f))
+        done.add_done_callback(lambda f: self._log_failure(job_id, f))
         return done
+
+    def _log_failure(self, job_id: str, done: Future[None]) -> None:
+        error = done.exception()
+        if error is None:
+            return
+        if isinstance(error, NotOwner) and self._stop.is_set():
+            # shutting down: the writers closed under work still on its way; the next owner
+            # replays what was committed and triggers afresh
+            log.debug("publishing for job %s after the writers closed: %s", job_id, error)
+        else:
+            log.warning("publishing for job %s failed: %s", job_id, error)
 
     def _finalize(self, job: OwnedJob, command: FinalizeCheckpoint) -> None:
         """Hands the ``_metadata`` write to the file threads; the checkpoint completes (or fails)
@@ -1422,12 +1433,6 @@ def _mark_done(
     trace: StepTrace, job_id: str, checkpoint_id: int, step: str, _: Future[None]
 ) -> None:
     trace.mark(job_id, checkpoint_id, step)
-
-
-def _log_failure(job_id: str, done: Future[None]) -> None:
-    error = done.exception()
-    if error is not None:
-        log.warning("publishing for job %s failed: %s", job_id, error)
 
 
 def _kind(event: AcknowledgeCheckpoint | DeclineCheckpoint | AgentHeartbeat) -> str:
