@@ -30,9 +30,12 @@ Per checkpoint the breakdown is:
 from __future__ import annotations
 
 import argparse
+import cProfile
 import itertools
 import multiprocessing
 import os
+import pstats
+import sys
 import tempfile
 import threading
 import time
@@ -70,6 +73,7 @@ def fleet_agent(
     interval: str,
     stop: Any,
     out: Any,
+    partitions: int = PARTITIONS,
 ) -> None:
     """In its own process: registers the jobs, acknowledges every trigger at once, and sends back
     (job, checkpoint) -> the moments it saw the trigger, got its last answer acknowledged and saw
@@ -118,7 +122,7 @@ def fleet_agent(
 
     publisher._ensure_poller()  # delivery reports as they come, on the publisher's own thread
     subscriber = EventSubscriber(make_consumer(bootstrap), codec)
-    subscriber.assign([TopicPartition(CONTROL.name(), p, 0) for p in range(PARTITIONS)])
+    subscriber.assign([TopicPartition(CONTROL.name(), p, 0) for p in range(partitions)])
     mine = set(jobs)
     while not stop.is_set():
         for record in subscriber.poll(0.01, max_records=5000):
@@ -150,7 +154,13 @@ def fleet_agent(
 
 
 def scenario(
-    bootstrap: str, name: str, jobs: int, subtasks: int, interval_ms: int, seconds: float
+    bootstrap: str,
+    name: str,
+    jobs: int,
+    subtasks: int,
+    interval_ms: int,
+    seconds: float,
+    cprofile: bool = False,
 ) -> dict[str, object]:
     from services.coordinator.trace import StepTrace
 
@@ -174,9 +184,15 @@ def scenario(
     time.sleep(WARMUP_S)
     window = (wall_ms(), wall_ms() + seconds * 1000)
     sampler = Sampler().start()
+    profiler = cProfile.Profile()
+    if cprofile:  # the event loop's thread: enabled and disabled from there
+        service._post(profiler.enable)
     cpu = time.process_time()
     time.sleep(seconds)
     cpu = time.process_time() - cpu
+    if cprofile:
+        service._post(profiler.disable)
+        time.sleep(0.5)
     sampler.stop()
     stop.set()
     agent_marks, trigger_times = receive.recv()
@@ -236,6 +252,10 @@ def scenario(
     for where, share in sampler.top(15):
         print(f"      {share:6.1%}  {where}")
     print(f"    CPU seconds by thread: {sampler.cpu_s}")
+    if cprofile:
+        print("    the event loop's thread, by own time:")
+        stats = pstats.Stats(profiler, stream=sys.stdout)
+        stats.sort_stats("tottime").print_stats(25)
     return result
 
 
@@ -243,6 +263,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=1000, help="jobs of the many-jobs run")
     parser.add_argument("--seconds", type=float, default=30, help="measured seconds per run")
+    parser.add_argument(
+        "--cprofile", action="store_true", help="profile the event loop of the many-jobs run"
+    )
     args = parser.parse_args()
     from services.common.broker import EmbeddedBroker
 

@@ -5,7 +5,8 @@ Kafka (docker-compose.yml, or ``KAFKA_BOOTSTRAP_SERVERS``). Known defects of thi
 sparkpoint designs around are pinned by tests/integration/test_embedded_broker_defects.py:
 
 - the end offset it reports is the base offset of the last batch + 1, so it is right only when
-  every batch holds one record (compacted-store producers write one record per batch);
+  every batch holds one record (a replay to the end reads the batch that holds it whole; the
+  agents' compacted-store producers write one record per batch);
 - ``read_committed`` does not hide aborted records (control events carry an ownership epoch);
 - a crashed producer's open transaction never times out and holds back ``read_committed``
   readers (every transactional writer has a fixed ``transactional.id``, so its successor's

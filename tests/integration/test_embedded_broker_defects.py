@@ -88,6 +88,28 @@ def test_one_record_per_batch_gives_true_end_offsets_and_full_replay(
     assert sorted(r.event.version for r in replayed if r.event) == list(range(1, 41))  # type: ignore[union-attr]
 
 
+def test_a_replay_takes_the_whole_batch_that_holds_the_reported_end(
+    kafka: KafkaUnderTest, new_topic: NewTopicFactory, codec: EventCodec
+) -> None:
+    """The coordinator's transactions write batches of many records; the broker reports the
+    end of such a partition inside its last batch, and the replay reads that batch whole."""
+    topic = new_topic(partitions=2, **{"cleanup.policy": "compact"})
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 100})
+    written = [factories.overrides(version=v) for v in range(1, 41)]
+    for i, event in enumerate(written):
+        producer.produce(topic, key=f"job-{i % 5}".encode(), value=codec.encode(event))
+        if i in (9, 29):
+            producer.flush(10)  # three batches per partition at most, the last of several records
+    producer.flush(10)
+
+    replayed = read_to_end(
+        EventSubscriber(make_consumer(kafka.bootstrap, profile=ConsumerProfile.REPLAY), codec),
+        topic,
+    )
+
+    assert sorted(r.event.version for r in replayed if r.event) == list(range(1, 41))  # type: ignore[union-attr]
+
+
 # --- transactions ------------------------------------------------------------------------------
 
 
