@@ -97,7 +97,8 @@ def fleet_agent(
     from services.common.topics import ACKS, CONTROL, JOBS
 
     codec = EventCodec()
-    publisher = EventPublisher(make_producer(bootstrap), codec)
+    # sent at once, as the agents' own producers do (no linger)
+    publisher = EventPublisher(make_producer(bootstrap, linger_ms=0), codec)
     names = [f"keyed-{i}" for i in range(subtasks)]
     ranges = [key_group_range(128, subtasks, i) for i in range(subtasks)]
     for job in jobs:

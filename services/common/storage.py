@@ -180,8 +180,12 @@ class Storage:
 
     def delete(self, files: Iterable[str], directory: str | None = None) -> int:
         """Deletes files, then the directory (recursively) if given; returns how many paths went.
-        Missing files are fine: a discard may be retried."""
+        Missing files are fine: a discard may be retried. Files inside ``directory`` go with it
+        (a checkpoint's own files are not deleted one by one)."""
         removed = 0
+        if directory is not None:
+            inside = canonical(directory).rstrip("/") + "/"
+            files = [f for f in files if not canonical(f).startswith(inside)]
         for path in [*files, *([directory] if directory else [])]:
             protocol, real = self._resolve(path)
             if protocol == "file":

@@ -100,3 +100,13 @@ def test_a_root_reached_through_a_symbolic_link_is_the_same_root(tmp_path: Path)
     storage.write_atomic(str(tmp_path / "checkpoints" / "job" / "chk-1" / "_metadata"), b"x")
     storage.write_atomic(str(real / "job" / "chk-2" / "_metadata"), b"y")
     assert (real / "job" / "chk-1" / "_metadata").read_bytes() == b"x"
+
+
+def test_files_inside_the_deleted_directory_go_with_it(storage: Storage, tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints" / "job" / "chk-3"
+    (directory / "sub").mkdir(parents=True)
+    inside = [directory / "a", directory / "sub" / "b"]
+    for path in inside:
+        path.write_bytes(b"x")
+    assert storage.delete([str(p) for p in inside], str(directory)) == 1  # the directory
+    assert not directory.exists()
