@@ -280,6 +280,7 @@ def main() -> None:
             4,
             1000,
             args.seconds,
+            args.cprofile,
         )
     results = {
         "benchmark": "coordinator_latency",

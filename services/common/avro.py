@@ -220,10 +220,20 @@ class EventCodec:
         return bytes(out)
 
     def decode(self, data: bytes) -> Event:
-        self._check_header(data)
-        compiled = self._compiled.get(bytes(data[2:HEADER_SIZE]))
-        if compiled is not None:
-            return self._read_current(*compiled, bytes(data))
+        if type(data) is not bytes:
+            self._check_header(data)
+            data = bytes(data)
+        if data[:2] == MAGIC:
+            compiled = self._compiled.get(data[2:HEADER_SIZE])
+            if compiled is not None:  # the current schema of a known event (a 10-byte header)
+                name, read = compiled
+                try:
+                    current, end = read(data, HEADER_SIZE)
+                except (IndexError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+                    raise UndecodableEvent(f"{name}: truncated or corrupt body ({exc!r})") from exc
+                if end != len(data):
+                    raise UndecodableEvent(f"{name}: {len(data) - end} bytes after the body")
+                return current  # type: ignore[no-any-return]
         writer, body = self._split(data)
         reader = self.catalogue.current(writer.full_name)
         record = self._read(writer, reader, body)
@@ -232,17 +242,6 @@ class EventCodec:
         except (KeyError, TypeError, ValueError) as exc:
             raise UndecodableEvent(f"{writer.full_name}: {exc}") from exc
         return event
-
-    @staticmethod
-    def _read_current(name: str, read: Reader, data: bytes) -> Event:
-        """An event written with the current schema of its type, by the compiled reader."""
-        try:
-            event, end = read(data, HEADER_SIZE)
-        except (IndexError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-            raise UndecodableEvent(f"{name}: truncated or corrupt body ({exc!r})") from exc
-        if end != len(data):
-            raise UndecodableEvent(f"{name}: {len(data) - end} bytes after the body")
-        return event  # type: ignore[no-any-return]
 
     @staticmethod
     def _check_header(data: bytes) -> None:

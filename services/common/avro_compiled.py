@@ -67,6 +67,7 @@ class _Source:
         self.env: dict[str, Any] = {
             "_read_long": _read_long,
             "_write_long": _write_long,
+            "_SMALL": _SMALL,
             "_new": object.__new__,
         }
         self._count = 0
@@ -127,12 +128,19 @@ class _Compiler:
     # --- reading --------------------------------------------------------------------------------
 
     def _read_long(self, target: str, indent: int) -> None:
+        """A zig-zag varint, the one- and two-byte cases inline (lengths up to 8,191 bytes,
+        integers up to +-8,191)."""
         emit = self.src.emit
         emit(indent, "b = data[pos]; pos += 1")
         emit(indent, "if b < 128:")
         emit(indent + 1, f"{target} = (b >> 1) ^ -(b & 1)")
         emit(indent, "else:")
-        emit(indent + 1, f"{target}, pos = _read_long(data, pos, b)")
+        emit(indent + 1, "c = data[pos]")
+        emit(indent + 1, "if c < 128:")
+        emit(indent + 2, "c = (b & 127) | (c << 7); pos += 1")
+        emit(indent + 2, f"{target} = (c >> 1) ^ -(c & 1)")
+        emit(indent + 1, "else:")
+        emit(indent + 2, f"{target}, pos = _read_long(data, pos, b)")
 
     def _read(self, schema: Any, hint: Any, target: str, indent: int, namespace: str) -> None:
         emit = self.src.emit
@@ -233,16 +241,26 @@ class _Compiler:
         elif kind == "boolean":
             emit(indent, f"out.append(1 if {value} else 0)")
         elif kind in ("int", "long"):
-            emit(indent, f"out += _write_long({value})")
+            local = self.src.name("n")
+            emit(indent, f"{local} = {value}")
+            emit(
+                indent,
+                f"out += _SMALL[{local} + 64] if -64 <= {local} < 64 else _write_long({local})",
+            )
         elif kind == "string":
             local = self.src.name("s")
             emit(indent, f"{local} = {value}.encode()")
-            emit(indent, f"out += _write_long(len({local})); out += {local}")
-        elif kind == "enum":
-            index = self.src.const(
-                {hint[s]: _write_long(i) for i, s in enumerate(schema["symbols"])}, "index_"
+            emit(
+                indent,
+                f"out += _SMALL[len({local}) + 64] if len({local}) < 64 else _write_long(len({local}))",
             )
-            emit(indent, f"out += {index}[{value}]")
+            emit(indent, f"out += {local}")
+        elif kind == "enum":
+            # by the member's name (an enum member's own hash is a Python-level call)
+            index = self.src.const(
+                {hint[s]._name_: _write_long(i) for i, s in enumerate(schema["symbols"])}, "index_"
+            )
+            emit(indent, f"out += {index}[{value}._name_]")
         elif kind in ("array", "map"):
             is_map = kind == "map"
             item_hint = typing.get_args(hint)[-1]

@@ -5,6 +5,7 @@ delete outside the checkpoint and savepoint roots).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import posixpath
@@ -228,13 +229,22 @@ class Storage:
         )
 
 
+_TEMPORARY = itertools.count()
+"""Numbers temporary files apart within this process (with its pid: unique on the host)."""
+
+
 def _write_local(path: str, data: bytes) -> None:
-    directory = posixpath.dirname(path)
-    temporary = posixpath.join(directory, f".{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp")
+    directory, name = posixpath.split(path)
+    temporary = f"{directory}/.{name}.{os.getpid()}.{next(_TEMPORARY)}.tmp"
     try:
         out = open(temporary, "wb")  # noqa: SIM115  # closed below
     except FileNotFoundError:  # the directory does not exist yet (it usually does: the agents
-        os.makedirs(directory, exist_ok=True)  # wrote the checkpoint's files into it)
+        try:  # wrote the checkpoint's files into it)
+            os.mkdir(directory)
+        except FileNotFoundError:
+            os.makedirs(directory, exist_ok=True)
+        except FileExistsError:
+            pass
         out = open(temporary, "wb")  # noqa: SIM115
     with out:
         out.write(data)

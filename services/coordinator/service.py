@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
 import posixpath
 import threading
@@ -119,7 +118,13 @@ from services.coordinator.files import Delete, FileWork, Write
 from services.coordinator.pending import AckResult
 from services.coordinator.store import CompletedCheckpoint, Discard, InMemoryCheckpointIdCounter
 from services.coordinator.trace import StepTrace, wall_ms
-from services.coordinator.writer import NotOwner, OutcomeUnknown, PartitionWriter, Tombstone
+from services.coordinator.writer import (
+    Done,
+    NotOwner,
+    OutcomeUnknown,
+    PartitionWriter,
+    Tombstone,
+)
 from services.overrides.store import OverrideStore
 
 log = logging.getLogger(__name__)
@@ -1139,14 +1144,13 @@ class CoordinatorService:
         if rearm:
             self._timer_wakeup.set()
         if events:
-            done = self._publish(job, events)
-            if self.trace is not None:
-                self._trace_published(events, done)
+            self._publish(job, events, None if self.trace is None else self._traced(events))
 
-    def _trace_published(self, events: Sequence[Event], done: Future[None]) -> None:
+    def _traced(self, events: Sequence[Event]) -> Done:
         """Marks a trigger or a completion decided now, and again when its transaction commits."""
         trace = self.trace
         assert trace is not None
+        marks: list[tuple[str, int, str]] = []
         for event in events:
             if isinstance(event, TriggerCheckpoint | NotifyCheckpointComplete):
                 decided, committed = (
@@ -1155,36 +1159,60 @@ class CoordinatorService:
                     else ("completed", "completion_committed")
                 )
                 trace.mark(event.job_id, event.checkpoint_id, decided)
-                done.add_done_callback(
-                    functools.partial(
-                        _mark_done, trace, event.job_id, event.checkpoint_id, committed
-                    )
-                )
+                marks.append((event.job_id, event.checkpoint_id, committed))
 
-    def _publish(self, job: OwnedJob, events: Sequence[Event | Tombstone]) -> Future[None]:
-        return self._publish_to(job.job_id, job.partition, events)
+        def done(error: Exception | None) -> None:
+            for job_id, checkpoint_id, step in marks:
+                trace.mark(job_id, checkpoint_id, step)
+
+        return done
+
+    def _publish(
+        self, job: OwnedJob, events: Sequence[Event | Tombstone], done: Done | None = None
+    ) -> None:
+        self._publish_to(job.job_id, job.partition, events, done)
 
     def _publish_to(
-        self, job_id: str, partition: int, events: Sequence[Event | Tombstone]
-    ) -> Future[None]:
+        self,
+        job_id: str,
+        partition: int,
+        events: Sequence[Event | Tombstone],
+        done: Done | None = None,
+    ) -> None:
+        """Hands one batch to the partition's writer; ``done`` hears (on the writer's thread)
+        how it ended, and failures are logged either way."""
+
+        def finished(error: Exception | None) -> None:
+            if error is not None:
+                self._log_failure(job_id, error)
+            if done is not None:
+                done(error)
+
         writer = self.writers.get(partition)
         if writer is None:
-            failed: Future[None] = Future()
-            failed.set_exception(NotOwner(f"partition {partition} is not owned"))
-            return failed
+            finished(NotOwner(f"partition {partition} is not owned"))
+            return
         for event in events:
             if isinstance(event, CheckpointStoreRecord):
                 # what the store holds once this commits; ids only grow, so a later read of the
                 # job's counter never sees less than what any trigger after it used
                 self.durable[job_id] = event
-        done = writer.submit(job_id, events)
-        done.add_done_callback(lambda f: self._log_failure(job_id, f))
-        return done
+        writer.submit(job_id, events, finished)
 
-    def _log_failure(self, job_id: str, done: Future[None]) -> None:
-        error = done.exception()
-        if error is None:
-            return
+    async def _published(self, job: OwnedJob, events: Sequence[Event | Tombstone]) -> None:
+        """Publishes and waits until the batch committed (raises why it did not)."""
+        future: Future[None] = Future()
+
+        def settle(error: Exception | None) -> None:
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+        self._publish(job, events, settle)
+        await asyncio.wrap_future(future)
+
+    def _log_failure(self, job_id: str, error: Exception) -> None:
         if isinstance(error, NotOwner) and self._stop.is_set():
             # shutting down: the writers closed under work still on its way; the next owner
             # replays what was committed and triggers afresh
@@ -1392,7 +1420,7 @@ class CoordinatorService:
                 changed, version,
             )  # fmt: skip
             try:
-                await asyncio.wrap_future(self._publish(job, [record, change]))
+                await self._published(job, [record, change])
             except OutcomeUnknown:
                 await self._take_back(job, previous, version)
                 raise
@@ -1418,7 +1446,7 @@ class CoordinatorService:
             f"revert-{version}", self.clock.now_ms(),
         )  # fmt: skip
         try:
-            await asyncio.wrap_future(self._publish(job, [restored]))
+            await self._published(job, [restored])
         except Exception as exc:
             log.error(
                 "job %s: override %d may be durable and could not be taken back (%s); "
@@ -1427,12 +1455,6 @@ class CoordinatorService:
             )  # fmt: skip
             return
         job.overrides = restored
-
-
-def _mark_done(
-    trace: StepTrace, job_id: str, checkpoint_id: int, step: str, _: Future[None]
-) -> None:
-    trace.mark(job_id, checkpoint_id, step)
 
 
 def _kind(event: AcknowledgeCheckpoint | DeclineCheckpoint | AgentHeartbeat) -> str:

@@ -20,7 +20,6 @@ benchmark's to record, on the same clock (one machine, ``time.time``).
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -51,24 +50,22 @@ class CheckpointTrace:
 
 class StepTrace:
     """Step times per (job, checkpoint). Written from the loop, the acknowledgement reader and
-    the writers' threads; ``first_`` steps keep the earliest time, every other step the latest."""
+    the writers' threads without a lock (each write is one dictionary operation); ``first_``
+    steps keep the earliest time, every other step the latest."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._traces: dict[tuple[str, int], CheckpointTrace] = {}
+        self._at: dict[tuple[str, int], dict[str, float]] = {}
 
     def mark(self, job_id: str, checkpoint_id: int, step: str, at_ms: float | None = None) -> None:
         at = wall_ms() if at_ms is None else at_ms
-        with self._lock:
-            trace = self._traces.get((job_id, checkpoint_id))
-            if trace is None:
-                trace = self._traces[(job_id, checkpoint_id)] = CheckpointTrace(
-                    job_id, checkpoint_id
-                )
-            if step.startswith("first_") and step in trace.at:
-                return
-            trace.at[step] = at
+        steps = self._at.setdefault((job_id, checkpoint_id), {})
+        if step.startswith("first_"):
+            steps.setdefault(step, at)
+        else:
+            steps[step] = at
 
     def traces(self) -> list[CheckpointTrace]:
-        with self._lock:
-            return list(self._traces.values())
+        return [
+            CheckpointTrace(job, checkpoint, dict(at))
+            for (job, checkpoint), at in list(self._at.items())
+        ]

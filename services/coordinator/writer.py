@@ -11,7 +11,6 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +76,14 @@ class Tombstone:
     topic: TopicSpec
 
 
+Done = Callable[[Exception | None], None]
+"""Told on the writer's thread how a submitted batch ended: None once committed, else why not."""
+
+
+def ignore(_: Exception | None) -> None:
+    return None
+
+
 class OutcomeUnknown(RuntimeError):
     """A commit failed and so did the abort after it: the batch may or may not be durable."""
 
@@ -114,22 +121,21 @@ class PartitionWriter:
         self.alive = True
         self.accepting = True
         self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[str, list[Event | Tombstone], Future[None]] | None] = (
-            queue.Queue()
-        )
+        self._queue: queue.Queue[tuple[str, list[Event | Tombstone], Done] | None] = queue.Queue()
         self._thread = threading.Thread(
             target=self._run, name=f"sparkpoint-writer-p{partition}", daemon=True
         )
         self._thread.start()
 
-    def submit(self, key: str, events: Sequence[Event | Tombstone]) -> Future[None]:
-        done: Future[None] = Future()
+    def submit(self, key: str, events: Sequence[Event | Tombstone], done: Done = ignore) -> None:
+        """Queues one batch (one input's events for one job); ``done`` hears how it ended (on
+        the writer's thread, or at once when the writer no longer accepts work). A callback, not
+        a Future: two batches per checkpoint, and a Future costs a lock and a condition each."""
         with self._lock:
             if self.accepting and self.alive:
                 self._queue.put((key, list(events), done))
-                return done
-        done.set_exception(NotOwner(f"partition {self.partition} is not ours any more"))
-        return done
+                return
+        done(NotOwner(f"partition {self.partition} is not ours any more"))
 
     def close(self) -> None:
         """Commits everything already queued, then stops; later submits fail at once."""
@@ -160,10 +166,10 @@ class PartitionWriter:
             if closing:
                 return
 
-    def _commit_batch(self, batch: list[tuple[str, list[Event | Tombstone], Future[None]]]) -> None:
+    def _commit_batch(self, batch: list[tuple[str, list[Event | Tombstone], Done]]) -> None:
         if not self.alive:
             for _, _, done in batch:
-                done.set_exception(NotOwner(f"partition {self.partition} is not ours any more"))
+                _tell(done, NotOwner(f"partition {self.partition} is not ours any more"))
             return
         try:
             self._commit(batch)
@@ -179,17 +185,17 @@ class PartitionWriter:
             else:
                 failure = exc if self._abort() else OutcomeUnknown(str(exc))
             for _, _, done in batch:
-                done.set_exception(failure)
+                _tell(done, failure)
             return
         except Exception as exc:
             failure = exc if self._abort() else OutcomeUnknown(str(exc))
             for _, _, done in batch:
-                done.set_exception(failure)
+                _tell(done, failure)
             return
         for _, _, done in batch:
-            done.set_result(None)
+            _tell(done, None)
 
-    def _commit(self, batch: list[tuple[str, list[Event | Tombstone], Future[None]]]) -> None:
+    def _commit(self, batch: list[tuple[str, list[Event | Tombstone], Done]]) -> None:
         producer = self.producer
         producer.begin_transaction()
         for key, events, _ in batch:
@@ -215,3 +221,10 @@ class PartitionWriter:
             log.warning("partition %d: abort failed: %s", self.partition, exc)
             return False
         return True
+
+
+def _tell(done: Done, outcome: Exception | None) -> None:
+    try:
+        done(outcome)
+    except Exception:
+        log.exception("a publisher's callback failed")
