@@ -132,6 +132,9 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT_S = 0.05
 """Consumer threads wake this often to notice stop requests and reassignments."""
 
+STOP_CHECK_S = 0.1
+"""How often the running service looks whether it was asked to stop."""
+
 LEFT_PENDING_WINDOW = 16
 """How many of the newest ids a new owner declares aborted (see `_left_pending`)."""
 
@@ -280,7 +283,6 @@ class CoordinatorService:
         self._timer_wakeup = asyncio.Event()
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._inbox: asyncio.Queue[Callable[[], None]] = asyncio.Queue()
         self._replayed_overrides: dict[str, CheckpointOverrides] = {}
         self.durable: dict[str, CheckpointStoreRecord] = {}
         """Every owned job's store record as it stands once what was submitted commits: replayed
@@ -330,14 +332,7 @@ class CoordinatorService:
         timers = asyncio.create_task(self._run_timers())
         try:
             while not self._stop.is_set():
-                try:
-                    work = await asyncio.wait_for(self._inbox.get(), timeout=0.1)
-                except TimeoutError:
-                    continue
-                try:
-                    work()
-                except Exception:
-                    log.exception("coordinator work item failed")
+                await asyncio.sleep(STOP_CHECK_S)
         finally:
             timers.cancel()
             self._stop.set()
@@ -354,9 +349,18 @@ class CoordinatorService:
         self._stop.set()
 
     def _post(self, work: Callable[[], None]) -> None:
-        """From any thread: run ``work`` on the loop, in order."""
+        """From any thread: run ``work`` on the loop, in order (the loop's own queue of
+        callbacks: no task, no timer per item)."""
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._inbox.put_nowait, work)
+        self._loop.call_soon_threadsafe(self._run_work, work)
+
+    def _run_work(self, work: Callable[[], None]) -> None:
+        if self._stop.is_set():
+            return  # stopping: what the threads still hand over is dropped, as before a restart
+        try:
+            work()
+        except Exception:
+            log.exception("coordinator work item failed")
 
     def _report_malformed(self, malformed: Malformed) -> None:
         self.malformed += 1
