@@ -144,13 +144,7 @@ class _Compiler:
 
     def _read(self, schema: Any, hint: Any, target: str, indent: int, namespace: str) -> None:
         emit = self.src.emit
-        kind = (
-            schema
-            if isinstance(schema, str)
-            else schema.get("type")
-            if isinstance(schema, dict)
-            else "union"
-        )
+        kind = _kind(schema, namespace, self.records)
         if kind == "union":
             inner = _optional_inner(hint)
             emit(indent, "b = data[pos]; pos += 1")
@@ -208,7 +202,7 @@ class _Compiler:
         elif kind == "record":
             reader, _ = self.record(schema, hint, namespace)
             emit(indent, f"{target}, pos = {reader}(data, pos)")
-        elif isinstance(schema, str) and _full_name(schema, namespace) in self.records:
+        elif kind == "named":
             reader, _ = self.records[_full_name(schema, namespace)]
             emit(indent, f"{target}, pos = {reader}(data, pos)")
         else:
@@ -218,13 +212,7 @@ class _Compiler:
 
     def _write(self, schema: Any, hint: Any, value: str, indent: int, namespace: str) -> None:
         emit = self.src.emit
-        kind = (
-            schema
-            if isinstance(schema, str)
-            else schema.get("type")
-            if isinstance(schema, dict)
-            else "union"
-        )
+        kind = _kind(schema, namespace, self.records)
         if kind == "union":
             inner = _optional_inner(hint)
             null_at = schema.index("null")
@@ -281,7 +269,7 @@ class _Compiler:
         elif kind == "record":
             _, writer = self.record(schema, hint, namespace)
             emit(indent, f"{writer}({value}, out)")
-        elif isinstance(schema, str) and _full_name(schema, namespace) in self.records:
+        elif kind == "named":
             _, writer = self.records[_full_name(schema, namespace)]
             emit(indent, f"{writer}({value}, out)")
         else:
@@ -303,6 +291,21 @@ def _setter(cls: type, name: str) -> Callable[[Any, Any], None]:
         setter: Callable[[Any, Any], None] = descriptor.__set__
         return setter
     return lambda obj, value: object.__setattr__(obj, name, value)
+
+
+def _kind(schema: Any, namespace: str, records: dict[str, tuple[str, str]]) -> str:
+    """What a schema node is: a primitive's name, ``record``, ``enum``, ``array``, ``map``,
+    ``union`` (a list), or ``named`` (a reference to a record defined before)."""
+    if isinstance(schema, list):
+        return "union"
+    if isinstance(schema, dict):
+        return str(schema.get("type"))
+    if schema not in PRIMITIVES and _full_name(schema, namespace) in records:
+        return "named"
+    return str(schema)
+
+
+PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 
 
 def _full_name(name: str, namespace: str) -> str:

@@ -157,9 +157,7 @@ class Storage:
         fs, target = url_to_fs(path)
         directory = posixpath.dirname(target)
         fs.makedirs(directory, exist_ok=True)
-        temporary = posixpath.join(
-            directory, f".{posixpath.basename(target)}.{uuid.uuid4().hex}.tmp"
-        )
+        temporary = _temporary(directory, posixpath.basename(target))
         with fs.open(temporary, "wb") as out:
             out.write(data)
         try:
@@ -230,12 +228,20 @@ class Storage:
 
 
 _TEMPORARY = itertools.count()
-"""Numbers temporary files apart within this process (with its pid: unique on the host)."""
+"""Numbers temporary files apart within this process."""
+
+_PROCESS = uuid.uuid4().hex[:12]
+"""This process among every writer of the same storage (hosts share object stores)."""
+
+
+def _temporary(directory: str, name: str) -> str:
+    """A name beside ``name`` no other write uses: hidden, and ignored by readers."""
+    return f"{directory}/.{name}.{_PROCESS}.{next(_TEMPORARY)}.tmp"
 
 
 def _write_local(path: str, data: bytes) -> None:
     directory, name = posixpath.split(path)
-    temporary = f"{directory}/.{name}.{os.getpid()}.{next(_TEMPORARY)}.tmp"
+    temporary = _temporary(directory, name)
     try:
         out = open(temporary, "wb")  # noqa: SIM115  # closed below
     except FileNotFoundError:  # the directory does not exist yet (it usually does: the agents

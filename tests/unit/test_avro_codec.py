@@ -29,6 +29,7 @@ from services.common.avro import (
     UndecodableEvent,
     schema_dir,
 )
+from services.common.avro_compiled import _write_long
 from services.common.events import (
     EVENT_TYPES,
     AcknowledgeCheckpoint,
@@ -387,17 +388,7 @@ def test_a_negative_length_is_refused_before_it_moves_the_reader_back(codec: Eve
     event = factories.acknowledge()
     encoded = codec.encode(event)
     job_id = event.job_id.encode()
-    after_job_id = HEADER_SIZE + len(_zigzag(len(job_id))) + len(job_id)
-    hostile = encoded[:HEADER_SIZE] + _zigzag(-1) + encoded[after_job_id:]
+    after_job_id = HEADER_SIZE + len(_write_long(len(job_id))) + len(job_id)
+    hostile = encoded[:HEADER_SIZE] + _write_long(-1) + encoded[after_job_id:]
     with pytest.raises(UndecodableEvent, match="string of -1 bytes"):
         codec.decode(hostile)
-
-
-def _zigzag(value: int) -> bytes:
-    n = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
