@@ -27,6 +27,14 @@ from services.common.metadata import BadMetadata, SnapshotMetadata
 from services.common.settings import CheckpointConfig, ConfigError
 from services.common.storage import PathOutsideRoots
 from services.coordinator import job_views
+from services.coordinator.owned import (
+    DisposalRefused,
+    OwnedElsewhere,
+    OwnedJob,
+    TriggerRequest,
+    UnknownJob,
+    UpdateInProgress,
+)
 from services.coordinator.rest_models import (
     BAD_REQUEST,
     CONFLICT,
@@ -55,15 +63,7 @@ from services.coordinator.rest_models import (
     TriggerStatus,
     answers,
 )
-from services.coordinator.service import (
-    CoordinatorService,
-    DisposalRefused,
-    OwnedElsewhere,
-    OwnedJob,
-    TriggerRequest,
-    UnknownJob,
-    UpdateInProgress,
-)
+from services.coordinator.service import CoordinatorService
 from services.coordinator.writer import NotOwner
 
 

@@ -18,7 +18,7 @@ from services.common.restarts import RestartConfig
 from services.common.settings import ConfigError
 
 if TYPE_CHECKING:
-    from services.coordinator.service import OwnedJob
+    from services.coordinator.owned import OwnedJob
 
 STAGES = ("Source: stage 1 (read, map, key by)", "Keyed stage 2 (keyed function) -> Sink")
 

@@ -19,8 +19,10 @@ Durability. Every batch of events one input produces for a job is published in o
 on the job's partition; a batch that triggers a checkpoint also carries the job's store record
 with the advanced id counter, so a new owner never reuses an id.
 
-Threads. Kafka consumers and the transactional producers run in their own threads; the asyncio
-loop runs the coordinators, the timers and the REST API, so a slow job never holds up another.
+Threads. The jobs consumer (here), the acknowledgement reader (`acks.py`), the transactional
+writers (`writer.py`) and the file threads (`files.py`) run beside the asyncio loop, which runs
+the coordinators, the timers and the REST API and gets the threads' work as its own callbacks.
+What the service keeps per job is in `owned.py`.
 """
 
 from __future__ import annotations
@@ -31,9 +33,8 @@ import dataclasses
 import logging
 import posixpath
 import threading
-import time
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -92,10 +93,10 @@ from services.common.topics import (
     JOBS,
     topic_prefix,
 )
+from services.coordinator.acks import AckReader
 from services.coordinator.admission import (
     ACCEPT,
     Admission,
-    Holder,
     Refusal,
     admit,
     adopt,
@@ -115,9 +116,18 @@ from services.coordinator.commands import (
 )
 from services.coordinator.coordinator import CheckpointCoordinator, JobInfo
 from services.coordinator.files import Delete, FileWork, Write
+from services.coordinator.owned import (
+    DisposalRefused,
+    JobHistory,
+    OwnedElsewhere,
+    OwnedJob,
+    TriggerRequest,
+    UnknownJob,
+    UpdateInProgress,
+)
 from services.coordinator.pending import AckResult
 from services.coordinator.store import CompletedCheckpoint, Discard, InMemoryCheckpointIdCounter
-from services.coordinator.trace import StepTrace, wall_ms
+from services.coordinator.trace import StepTrace
 from services.coordinator.writer import (
     Done,
     NotOwner,
@@ -137,105 +147,6 @@ STOP_CHECK_S = 0.1
 
 LEFT_PENDING_WINDOW = 16
 """How many of the newest ids a new owner declares aborted (see `_left_pending`)."""
-
-
-class UpdateInProgress(RuntimeError):
-    """Another configuration update of the same job is being applied (409)."""
-
-
-class UnknownJob(KeyError):
-    """No job with that id is owned by this instance (404)."""
-
-
-class DisposalRefused(ValueError):
-    """A path that may not be disposed: not a savepoint, or a checkpoint a job restores from."""
-
-
-class OwnedElsewhere(Exception):
-    """The savepoint's job is owned by another instance: the request goes there."""
-
-    def __init__(self, job_id: str) -> None:
-        super().__init__(job_id)
-        self.job_id = job_id
-
-
-@dataclass
-class TriggerRequest:
-    """A REST-triggered checkpoint or savepoint, answered through its request id."""
-
-    request_id: str
-    job_id: str
-    savepoint: bool
-    status: str = "IN_PROGRESS"
-    checkpoint_id: int | None = None
-    location: str | None = None
-    failure: str | None = None
-    disposal: bool = False
-    """A savepoint disposal (``/savepoint-disposal``), not a trigger."""
-
-
-@dataclass
-class OwnedJob:
-    registration: JobRegistered
-    partition: int
-    base: CheckpointConfig
-    core: CheckpointCoordinator
-    overrides: CheckpointOverrides | None = None
-    status: JobStatus = JobStatus.RUNNING
-    updating: bool = False
-    last_failover: FailoverRequest | None = None
-    last_seen_ms: int = 0
-    """When this coordinator last heard from the job's agent (its own clock)."""
-    history: JobHistory = field(default_factory=lambda: JobHistory())
-
-    @property
-    def job_id(self) -> str:
-        return self.registration.job_id
-
-    def holder(self) -> Holder:
-        return Holder(self.registration.agent_id, self.registration.attempt, self.last_seen_ms)
-
-
-EXCEPTION_HISTORY = 16
-"""Failures kept per job for ``GET /jobs/{id}/exceptions`` (Flink's web.exception-history-size)."""
-
-
-@dataclass(frozen=True)
-class Failure:
-    """One entry of a job's exception history."""
-
-    exception_name: str
-    stacktrace: str
-    timestamp: int
-    message: str | None
-    restarting: bool
-
-
-@dataclass
-class JobHistory:
-    """What a job keeps across restarts of its agent (Flink keeps it across task restarts): when
-    it started, each status's first time, how often it restarted, its recent failures."""
-
-    started_ms: int = 0
-    status_times: dict[str, int] = field(default_factory=dict)
-    restarts: int = 0
-    failures: deque[Failure] = field(default_factory=lambda: deque(maxlen=EXCEPTION_HISTORY))
-
-    def record(self, status: JobStatus, at_ms: int) -> None:
-        self.status_times.setdefault(status.name, at_ms)
-
-    def failed(self, event: JobStatusChanged) -> None:
-        if event.exception_name is None:
-            return
-        self.failures.append(
-            Failure(
-                event.exception_name,
-                event.stacktrace or "",
-                event.timestamp,
-                event.message,
-                event.status is JobStatus.RESTARTING,
-            )
-        )
 
 
 @dataclass
@@ -294,10 +205,14 @@ class CoordinatorService:
         self._replay_targets: dict[int, int] = {}
         """Partition -> end offset to replay to, for the jobs consumer thread."""
         self._replay_lock = threading.Lock()
-        self._ack_partitions: dict[int, int] = {}
-        """Partition of the acks topic -> the offset its reading starts at: its end when this
-        instance took the partition, before it could trigger anything there."""
-        self._ack_lock = threading.Lock()
+        self.acks = AckReader(
+            settings.bootstrap,
+            f"{settings.instance_id}-acks",
+            self.codec,
+            lambda records: self._post(lambda: self._on_acks(records)),
+            self._report_malformed,
+            self._stop,
+        )
         self._threads: list[threading.Thread] = []
         self.ready = threading.Event()
         self.partition_count = 0
@@ -309,8 +224,17 @@ class CoordinatorService:
         """``_metadata`` writes and discards, on threads of their own (started by `run`)."""
         self.partitions_lost = 0
         """Partitions taken from this instance while it ran (revoked, lost or fenced)."""
-        self.trace: StepTrace | None = None
+        self._trace: StepTrace | None = None
+
+    @property
+    def trace(self) -> StepTrace | None:
         """Installed by the latency benchmark: when each step of each checkpoint happened."""
+        return self._trace
+
+    @trace.setter
+    def trace(self, trace: StepTrace | None) -> None:
+        self._trace = trace
+        self.acks.trace = trace
 
     # --- running ---------------------------------------------------------------------------------------
 
@@ -322,7 +246,7 @@ class CoordinatorService:
         )
         self._threads = [
             threading.Thread(target=self._consume_jobs, name="sparkpoint-jobs", daemon=True),
-            threading.Thread(target=self._consume_acks, name="sparkpoint-acks", daemon=True),
+            threading.Thread(target=self.acks.run, name="sparkpoint-acks", daemon=True),
             threading.Thread(
                 target=self._consume_announcements, name="sparkpoint-coordinators", daemon=True
             ),
@@ -434,8 +358,7 @@ class CoordinatorService:
                     self.durable[job_id] = record
                 if ends.get(partition, 0) > 0:
                     self._replaying[partition] = ReplayedPartition(ends[partition])
-            with self._ack_lock:
-                self._ack_partitions.update(ack_starts)
+            self.acks.take(ack_starts)
             log.info("%s owns partitions %s (epochs %s)", self.settings.instance_id, owned, epochs)
             self._announce()
             self.ready.set()
@@ -470,9 +393,7 @@ class CoordinatorService:
         lost = {tp.partition for tp in partitions}
         if not self._stop.is_set():
             self.partitions_lost += len(lost)
-        with self._ack_lock:
-            for partition in lost:
-                self._ack_partitions.pop(partition, None)
+        self.acks.release(lost)
         with self._replay_lock:
             for partition in lost:
                 self._replay_targets.pop(partition, None)
@@ -1005,38 +926,6 @@ class CoordinatorService:
 
     # --- acknowledgements ---------------------------------------------------------------------------
 
-    def _consume_acks(self) -> None:
-        consumer = make_consumer(
-            self.settings.bootstrap, client_id=f"{self.settings.instance_id}-acks"
-        )
-        subscriber = EventSubscriber(consumer, self.codec, self._report_malformed)
-        assigned: dict[int, int] = {}
-        try:
-            while not self._stop.is_set():
-                with self._ack_lock:
-                    wanted = dict(self._ack_partitions)
-                lost, gained = ack_assignment_changes(assigned, wanted)
-                if lost:
-                    consumer.incremental_unassign([TopicPartition(ACKS.name(), p) for p in lost])
-                if gained:
-                    # a gained partition starts where it ended when this instance took it (not
-                    # at its end now: an answer to a trigger sent meanwhile would be skipped);
-                    # partitions kept are not touched, so none of their answers is skipped
-                    consumer.incremental_assign(
-                        [TopicPartition(ACKS.name(), p, wanted[p]) for p in gained]
-                    )
-                assigned = wanted
-                if not assigned:
-                    time.sleep(POLL_TIMEOUT_S)
-                    continue
-                records = subscriber.poll(POLL_TIMEOUT_S)
-                if records:
-                    if self.trace is not None:
-                        self._trace_received(records)
-                    self._post(lambda rs=records: self._on_acks(rs))  # type: ignore[misc]
-        finally:
-            consumer.close()
-
     def _on_acks(self, records: Sequence[Received]) -> None:
         now = self.clock.now_ms()
         for record in records:
@@ -1080,15 +969,6 @@ class CoordinatorService:
                 self._execute(job, commands)
             elif isinstance(event, DeclineCheckpoint):
                 self._execute(job, job.core.on_decline(event, now))
-
-    def _trace_received(self, records: Sequence[Received]) -> None:
-        assert self.trace is not None
-        at = wall_ms()
-        for record in records:
-            if isinstance(record.event, AcknowledgeCheckpoint):
-                ack = record.event
-                self.trace.mark(ack.job_id, ack.checkpoint_id, "first_ack_received", at)
-                self.trace.mark(ack.job_id, ack.checkpoint_id, "last_ack_received", at)
 
     def _reject_heartbeat(self, record: Received, event: AgentHeartbeat, problem: str) -> None:
         """Heartbeats come every second: a superseded agent's are counted, and logged once."""
@@ -1490,13 +1370,3 @@ def _merge(base: CheckpointSettings, changes: CheckpointSettings) -> CheckpointS
             if getattr(changes, f.name) is not None
         },
     )
-
-
-def ack_assignment_changes(
-    assigned: dict[int, int], wanted: dict[int, int]
-) -> tuple[list[int], list[int]]:
-    """(acks partitions to let go, partitions to start reading): a partition taken again
-    (revoked, then assigned back with a new start) counts as both."""
-    lost = sorted(p for p in assigned if p not in wanted or wanted[p] != assigned[p])
-    gained = sorted(p for p in wanted if p not in assigned or wanted[p] != assigned[p])
-    return lost, gained
