@@ -44,6 +44,9 @@ UNALIGNED = {
     "execution.checkpointing.unaligned.enabled": "true",
     "execution.checkpointing.aligned-checkpoint-timeout": "0ms",
 }
+UNALIGNED_EVERY_300_MS = UNALIGNED | {"execution.checkpointing.interval": "300ms"}
+"""For kill points that need a few checkpoints inside a short run."""
+
 SLOW_MS = 4
 """Per key-group batch: a round of a subtask's 64 key groups takes about 250 ms, while stage 1
 fetches a round in tens: records queue in the channels."""
@@ -75,7 +78,9 @@ def test_unaligned_checkpoints_through_kills_and_rescales_2_4_1_commit_exactly_t
     while the restored records are processed, and the agent is killed at such a decline, inside
     recovery. The last run, parallelism 1, restores the same checkpoint again and runs to the
     end."""
-    monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED))
+    # checkpoints every 300 ms: at the default 1 s, two checkpoints with records in flight (first
+    # run) and two triggers during a recovery of about a second (second run) were not certain
+    monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED_EVERY_300_MS))
     monkeypatch.setenv("TEST_SLOW_MS", str(SLOW_MS))
     name, output = unique("unaligned"), unique("stats")
 
@@ -192,9 +197,7 @@ def test_a_checkpoint_during_recovery_after_a_rescale_persists_only_owned_rows_a
     print(replay)
     # checkpoints every 300 ms: the input lasts about 4 s, and at the default 1 s two of its three
     # periodic checkpoints did not always find records in flight (1 run in 4 was never killed)
-    monkeypatch.setenv(
-        "TEST_SETTINGS", json.dumps(UNALIGNED | {"execution.checkpointing.interval": "300ms"})
-    )
+    monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED_EVERY_300_MS))
     monkeypatch.setenv("TEST_SLOW_MS", str(SLOW_MS))
     name, output = unique("recovering"), unique("stats")
     first = agent_process(
