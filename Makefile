@@ -36,6 +36,7 @@ bench: install
 	$(BIN)/python bench/codec.py
 	$(BIN)/python bench/coordinator_core.py
 	$(BIN)/python bench/coordinator_latency.py
+	$(BIN)/python bench/coordinator_scale.py
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/unaligned.py
 	$(BIN)/python bench/failover.py
