@@ -43,7 +43,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from recording import Sampler, percentiles, start_coordinator, write_results
+from recording import cpu_since, percentiles, start_coordinator, thread_cpu, write_results
+
+from services.coordinator.trace import wall_ms
 
 PARTITIONS = 6
 WARMUP_S = 3.0
@@ -59,10 +61,6 @@ SEGMENTS = (
     ("completion transaction", "completed", "completion_committed"),
     ("notification delivery", "completion_committed", "agent_saw_completion"),
 )
-
-
-def wall_ms() -> float:
-    return time.time() * 1000
 
 
 def fleet_agent(
@@ -184,7 +182,7 @@ def scenario(
         time.sleep(0.05)
     time.sleep(WARMUP_S)
     window = (wall_ms(), wall_ms() + seconds * 1000)
-    sampler = Sampler().start()
+    threads_before = thread_cpu()
     profiler = cProfile.Profile()
     if cprofile:  # the event loop's thread: enabled and disabled from there
         service._post(profiler.enable)
@@ -194,7 +192,7 @@ def scenario(
     if cprofile:
         service._post(profiler.disable)
         time.sleep(0.5)
-    sampler.stop()
+    threads = cpu_since(threads_before)
     stop.set()
     agent_marks, trigger_times = receive.recv()
     agent.join(30)
@@ -209,7 +207,7 @@ def scenario(
         label: percentiles([round(s[end] - s[begin], 2) for s in steps if begin in s and end in s])
         for label, begin, end in SEGMENTS
     }
-    latency = [int(s["completed_timestamp"] - s["trigger_timestamp"]) for s in steps]
+    latency = [s["completed_timestamp"] - s["trigger_timestamp"] for s in steps]
     coordinator = [round(s["completion_committed"] - s["triggered"], 2) for s in steps]
     observed = [round(s["agent_saw_completion"] - s["triggered"], 2) for s in steps]
     gaps = [b - a for times in trigger_times.values() for a, b in itertools.pairwise(times)]
@@ -217,7 +215,7 @@ def scenario(
     # was still pending (max concurrent 1): that is scheduling policy, not timer imprecision.
     on_time = [abs(gap - interval_ms) for gap in gaps if gap < 1.5 * interval_ms]
     skipped = sum(1 for gap in gaps if gap >= 1.5 * interval_ms)
-    result = {
+    result: dict[str, object] = {
         "jobs": jobs,
         "subtasks_per_job": subtasks,
         "interval_ms": interval_ms,
@@ -232,14 +230,13 @@ def scenario(
         "periodic_triggers_skipped_while_pending": skipped,
         "partitions_lost": service.partitions_lost,
         "coordinator_cpu_s_per_1000_checkpoints": round(1000 * cpu / max(1, len(steps)), 2),
-        "cpu_s_by_thread": sampler.cpu_s,
-        "profile": dict(sampler.top()),
+        "cpu_s_by_thread": threads,
     }
+    figures = percentiles(latency)
     print(
-        f"  {name}: {len(steps)} checkpoints, trigger->completed p50 "
-        f"{result['trigger_to_completed_ms'].get('p50')} ms p99 "  # type: ignore[union-attr]
-        f"{result['trigger_to_completed_ms'].get('p99')} ms; {skipped} periodic triggers "  # type: ignore[union-attr]
-        f"skipped while one was pending; {service.partitions_lost} partitions lost"
+        f"  {name}: {len(steps)} checkpoints, trigger->completed p50 {figures.get('p50')} ms "
+        f"p99 {figures.get('p99')} ms; {skipped} periodic triggers skipped while one was "
+        f"pending; {service.partitions_lost} partitions lost"
     )
     print(f"    {'step':<24}{'p50':>8}{'p90':>8}{'p99':>8}  ms")
     for label, figures in breakdown.items():
@@ -248,11 +245,9 @@ def scenario(
             f"{figures.get('p99', 0):>8.1f}"
         )
     print(
-        f"    coordinator CPU: {result['coordinator_cpu_s_per_1000_checkpoints']} s per 1,000 checkpoints; where its threads were busy:"
+        f"    coordinator CPU: {result['coordinator_cpu_s_per_1000_checkpoints']} s per 1,000 "
+        f"checkpoints; seconds by thread: {threads}"
     )
-    for where, share in sampler.top(15):
-        print(f"      {share:6.1%}  {where}")
-    print(f"    CPU seconds by thread: {sampler.cpu_s}")
     if cprofile:
         print("    the event loop's thread, by own time:")
         stats = pstats.Stats(profiler, stream=sys.stdout)
@@ -319,16 +314,12 @@ def guarantee_cost(bootstrap: str, rounds: int = 300) -> dict[str, object]:
             plain.produce(topic, value=value, key=b"job", partition=0)
         plain.flush(10)
         without.append(round(wall_ms() - start, 2))
-    result = {
-        "transaction_ms": percentiles(with_txn),  # type: ignore[arg-type]
-        "idempotent_produce_ms": percentiles(without),  # type: ignore[arg-type]
-    }
+    transaction, idempotent = percentiles(with_txn), percentiles(without)
     print(
-        f"  what the trigger's transaction costs: {result['transaction_ms'].get('p50')} ms p50 "  # type: ignore[union-attr]
-        f"against {result['idempotent_produce_ms'].get('p50')} ms for the same records "  # type: ignore[union-attr]
-        "produced idempotently without a transaction"
+        f"  what the trigger's transaction costs: {transaction.get('p50')} ms p50 against "
+        f"{idempotent.get('p50')} ms for the same records produced idempotently without one"
     )
-    return result
+    return {"transaction_ms": transaction, "idempotent_produce_ms": idempotent}
 
 
 def main() -> None:

@@ -24,15 +24,14 @@ from pathlib import Path
 
 import httpx
 from coordinator_latency import WARMUP_S, fleet_agent
-from recording import CoordinatorProcess, percentiles, write_results
+from recording import CoordinatorProcess, cpu_seconds, percentiles, write_results
 
 PARTITIONS = 12
 """Partitions of every sparkpoint topic: enough for two instances to split the jobs evenly."""
 
 
 def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_seconds(Path(f"/proc/{pid}/stat"))
 
 
 def owned_jobs(url: str) -> int:

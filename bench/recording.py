@@ -15,7 +15,7 @@ from typing import Any
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def percentiles(values: list[int]) -> dict[str, float]:
+def percentiles(values: list[float] | list[int]) -> dict[str, float]:
     if not values:
         return {}
     ordered = sorted(values)
@@ -131,82 +131,32 @@ class CoordinatorProcess:
         self.log.close()
 
 
-class Sampler:
-    """Where this process's threads spend their time: every ``interval_s`` it reads each
-    thread's stack (``sys._current_frames``) and counts the innermost function of this
-    repository's code it finds (py-spy cannot attach to a process on this machine). ``top``
-    returns (function, share of samples) over every thread that was not waiting."""
+def cpu_seconds(stat: Path) -> float:
+    """User + system CPU seconds from a ``/proc/.../stat`` file (a process or a thread)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    IDLE = ("wait", "select", "poll", "_worker", "get", "sleep", "consume", "flush")
 
-    def __init__(self, interval_s: float = 0.005) -> None:
-        import collections
-        import threading
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's threads, by Python thread name (numbers stripped, so a
+    pool's threads add up); threads Python did not start (librdkafka's) as ``native``."""
+    import re
+    import threading
 
-        self.interval_s = interval_s
-        self.counts: collections.Counter[str] = collections.Counter()
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    names = {t.native_id: re.sub(r"[-_]?\d+$", "", t.name) for t in threading.enumerate()}
+    totals: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            seconds = cpu_seconds(Path(f"/proc/self/task/{tid}/stat"))
+        except OSError:
+            continue
+        name = names.get(int(tid), "native")
+        totals[name] = totals.get(name, 0.0) + seconds
+    return totals
 
-    def start(self) -> Sampler:
-        self._cpu_at_start = self.thread_cpu()
-        self._thread.start()
-        return self
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        end = self.thread_cpu()
-        self.cpu_s = {
-            name: round(end[name] - self._cpu_at_start.get(name, 0.0), 2)
-            for name in sorted(end, key=lambda n: self._cpu_at_start.get(n, 0.0) - end[n])
-        }
-
-    @staticmethod
-    def thread_cpu() -> dict[str, float]:
-        """CPU seconds of this process's threads, by Python thread name (numbers stripped, so a
-        pool's threads add up); threads Python did not start (librdkafka's) as ``native``."""
-        import re
-        import threading
-
-        names = {t.native_id: re.sub(r"[-_]?\d+$", "", t.name) for t in threading.enumerate()}
-        tick = os.sysconf("SC_CLK_TCK")
-        totals: dict[str, float] = {}
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            name = names.get(int(tid), "native")
-            totals[name] = totals.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-        return totals
-
-    def _run(self) -> None:
-        import sys
-        import threading
-
-        me = threading.get_ident()
-        while not self._stop.wait(self.interval_s):
-            for ident, frame in sys._current_frames().items():
-                if ident == me or frame.f_code.co_name in self.IDLE:
-                    continue
-                self.samples += 1
-                self.counts[self._where(frame)] += 1
-
-    @staticmethod
-    def _where(frame: Any) -> str:
-        """The innermost frame's function, and the nearest of sparkpoint's own above it."""
-        leaf = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
-        while frame is not None and "/services/" not in frame.f_code.co_filename:
-            frame = frame.f_back
-        if frame is None:
-            return leaf
-        own = f"{Path(frame.f_code.co_filename).stem}.{frame.f_code.co_name}:{frame.f_lineno}"
-        return own if own.split(":")[0].endswith(leaf.split(":")[1]) else f"{own} > {leaf}"
-
-    def top(self, n: int = 25) -> list[tuple[str, float]]:
-        return [
-            (where, round(count / max(1, self.samples), 3))
-            for where, count in self.counts.most_common(n)
-        ]
+def cpu_since(before: dict[str, float]) -> dict[str, float]:
+    """Each thread's CPU seconds since ``before`` (a `thread_cpu`), the busiest first."""
+    now = thread_cpu()
+    spent = {name: round(now[name] - before.get(name, 0.0), 2) for name in now}
+    return dict(sorted(spent.items(), key=lambda item: -item[1]))

@@ -31,7 +31,7 @@ import fastavro
 from fastavro.schema import fingerprint as _avro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
-from services.common.avro_compiled import Reader, Writer, compile_codec
+from services.common.avro_compiled import Reader, Writer, compile_codec, optional_inner
 from services.common.events import EVENT_TYPES, Event
 
 MAGIC = b"\xc3\x01"
@@ -142,8 +142,7 @@ def _converters(hint: Any) -> tuple[Convert, Convert]:
     """(to_avro, from_avro) for one field type."""
     origin = typing.get_origin(hint)
     if origin in (types.UnionType, typing.Union):
-        (inner,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        to_avro, from_avro = _converters(inner)
+        to_avro, from_avro = _converters(optional_inner(hint))
         if to_avro is _identity:
             return _identity, _identity
         return (

@@ -127,7 +127,7 @@ class _Compiler:
 
     # --- reading --------------------------------------------------------------------------------
 
-    def _read_long(self, target: str, indent: int) -> None:
+    def _emit_read_long(self, target: str, indent: int) -> None:
         """A zig-zag varint, the one- and two-byte cases inline (lengths up to 8,191 bytes,
         integers up to +-8,191)."""
         emit = self.src.emit
@@ -146,7 +146,7 @@ class _Compiler:
         emit = self.src.emit
         kind = _kind(schema, namespace, self.records)
         if kind == "union":
-            inner = _optional_inner(hint)
+            inner = optional_inner(hint)
             emit(indent, "b = data[pos]; pos += 1")
             for i, branch in enumerate(schema):
                 emit(indent, f"{'if' if i == 0 else 'elif'} b == {i * 2}:")
@@ -164,16 +164,16 @@ class _Compiler:
             emit(indent + 1, "raise ValueError(f'boolean byte {b}')")
             emit(indent, f"{target} = b == 1")
         elif kind in ("int", "long"):
-            self._read_long(target, indent)
+            self._emit_read_long(target, indent)
         elif kind == "string":
-            self._read_long("n", indent)
+            self._emit_read_long("n", indent)
             emit(indent, "end = pos + n")
             emit(indent, "if n < 0 or end > len(data):")
             emit(indent + 1, "raise ValueError(f'string of {n} bytes at {pos}')")
             emit(indent, f"{target} = data[pos:end].decode(); pos = end")
         elif kind == "enum":
             members = self.src.const(tuple(hint[s] for s in schema["symbols"]), "enum_")
-            self._read_long("n", indent)
+            self._emit_read_long("n", indent)
             emit(indent, "if n < 0:")
             emit(indent + 1, "raise ValueError(f'enum index {n}')")
             emit(indent, f"{target} = {members}[n]")
@@ -183,21 +183,22 @@ class _Compiler:
             items = self.src.name("items")
             emit(indent, f"{items} = {{}}" if is_map else f"{items} = []")
             emit(indent, "while True:")
-            self._read_long("count", indent + 1)
+            self._emit_read_long("count", indent + 1)
             emit(indent + 1, "if count == 0:")
             emit(indent + 2, "break")
             emit(indent + 1, "if count < 0:")
             emit(indent + 2, "count = -count")
-            self._read_long("size", indent + 2)
+            self._emit_read_long("size", indent + 2)
             loop = self.src.name("i")
             emit(indent + 1, f"for {loop} in range(count):")
             if is_map:
-                self._read("string", str, "key", indent + 2, namespace)
+                key = self.src.name("key")  # its own name: a map's values may be maps
+                self._read("string", str, key, indent + 2, namespace)
             item = self.src.name("item")
             self._read(
                 schema["items" if not is_map else "values"], item_hint, item, indent + 2, namespace
             )
-            emit(indent + 2, f"{items}[key] = {item}" if is_map else f"{items}.append({item})")
+            emit(indent + 2, f"{items}[{key}] = {item}" if is_map else f"{items}.append({item})")
             emit(indent, f"{target} = {items}")
         elif kind == "record":
             reader, _ = self.record(schema, hint, namespace)
@@ -214,7 +215,7 @@ class _Compiler:
         emit = self.src.emit
         kind = _kind(schema, namespace, self.records)
         if kind == "union":
-            inner = _optional_inner(hint)
+            inner = optional_inner(hint)
             null_at = schema.index("null")
             (other_at,) = [i for i in range(len(schema)) if i != null_at]
             local = self.src.name("u")
@@ -312,7 +313,8 @@ def _full_name(name: str, namespace: str) -> str:
     return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
-def _optional_inner(hint: Any) -> Any:
+def optional_inner(hint: Any) -> Any:
+    """``X`` for a type hint ``X | None``; any other hint as it is."""
     if typing.get_origin(hint) in (types.UnionType, typing.Union):
         (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
         return inner

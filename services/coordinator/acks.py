@@ -88,7 +88,6 @@ class AckReader:
         for record in records:
             if isinstance(record.event, AcknowledgeCheckpoint):
                 ack = record.event
-                self.trace.mark(ack.job_id, ack.checkpoint_id, "first_ack_received", at)
                 self.trace.mark(ack.job_id, ack.checkpoint_id, "last_ack_received", at)
 
 

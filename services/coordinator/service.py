@@ -1133,8 +1133,6 @@ class CoordinatorService:
             elif command.checkpoint_id in job.core.pending:
                 self._execute(job, job.core.on_finalized(command.checkpoint_id, now))
 
-        if self.trace is not None:
-            self.trace.mark(command.job_id, command.checkpoint_id, "metadata_started")
         self.files.write(Write(path, data, written))
 
     def _discard(self, command: DiscardState) -> None:

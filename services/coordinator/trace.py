@@ -7,10 +7,10 @@ Steps, in the order a checkpoint passes them (names are the keys of `CheckpointT
 
 1. ``triggered``: the job's coordinator decided to trigger (its ``_execute``);
 2. ``trigger_committed``: the transaction with the id counter and the trigger committed;
-3. ``first_ack_received`` / ``last_ack_received``: the acknowledgement reader took the first
-   and the last subtask's answer off the broker (its thread);
+3. ``last_ack_received``: the acknowledgement reader took the last subtask's answer off the
+   broker (its thread);
 4. ``last_ack_handled``: the event loop handled the last answer (the checkpoint is acknowledged);
-5. ``metadata_started`` / ``metadata_written``: the ``_metadata`` file, written and renamed;
+5. ``metadata_written``: the ``_metadata`` file is written and renamed (by a file thread);
 6. ``completed``: the job's coordinator completed the checkpoint;
 7. ``completion_committed``: the transaction with the completion notification committed.
 
@@ -22,18 +22,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-
-STEPS = (
-    "triggered",
-    "trigger_committed",
-    "first_ack_received",
-    "last_ack_received",
-    "last_ack_handled",
-    "metadata_started",
-    "metadata_written",
-    "completed",
-    "completion_committed",
-)
 
 
 def wall_ms() -> float:
@@ -49,20 +37,16 @@ class CheckpointTrace:
 
 
 class StepTrace:
-    """Step times per (job, checkpoint). Written from the loop, the acknowledgement reader and
-    the writers' threads without a lock (each write is one dictionary operation); ``first_``
-    steps keep the earliest time, every other step the latest."""
+    """Step times per (job, checkpoint), the latest time of each step. Written from the loop,
+    the acknowledgement reader and the writers' threads without a lock (each write is one
+    dictionary operation)."""
 
     def __init__(self) -> None:
         self._at: dict[tuple[str, int], dict[str, float]] = {}
 
     def mark(self, job_id: str, checkpoint_id: int, step: str, at_ms: float | None = None) -> None:
         at = wall_ms() if at_ms is None else at_ms
-        steps = self._at.setdefault((job_id, checkpoint_id), {})
-        if step.startswith("first_"):
-            steps.setdefault(step, at)
-        else:
-            steps[step] = at
+        self._at.setdefault((job_id, checkpoint_id), {})[step] = at
 
     def traces(self) -> list[CheckpointTrace]:
         return [
