@@ -151,14 +151,21 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
+    from services.coordinator.flink_compat import WebUi, WebUiError
     from services.coordinator.main import run
 
+    try:
+        web_ui = WebUi.load(args.flink_web_ui) if args.flink_web_ui is not None else None
+    except (WebUiError, OSError) as exc:
+        print(f"sparkpoint: --flink-web-ui: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     run(
         with_topics(reachable(args.bootstrap)),
         args.rest_host,
         args.rest_port,
         args.config,
         args.advertised_rest_url,
+        web_ui,
     )
     return EXIT_OK
 
@@ -388,6 +395,13 @@ def build_parser() -> argparse.ArgumentParser:
     coordinator.add_argument(
         "--advertised-rest-url",
         help="the URL other instances redirect to (default: from --rest-host)",
+    )
+    coordinator.add_argument(
+        "--flink-web-ui",
+        type=Path,
+        metavar="PATH",
+        help="serve Flink's web dashboard at /flink/ from a flink-dist jar "
+        "(pyflink/lib/flink-dist-*.jar) or its unpacked web/ folder",
     )
     coordinator.set_defaults(run=cmd_coordinator)
 

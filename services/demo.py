@@ -30,6 +30,7 @@ from services.common.broker import EmbeddedBroker, free_port, port_is_free
 from services.common.events import (
     AcknowledgeCheckpoint,
     AgentHeartbeat,
+    CancelJob,
     CheckpointEventType,
     CheckpointFailureReason,
     CheckpointLifecycleEvent,
@@ -172,6 +173,8 @@ def scripted_exchange(job_id: str, now_ms: int) -> list[Step]:
             f".sparkpoint/savepoints/savepoint-{job_id[:6]}-{uuid.uuid4().hex[:12]}",
         )),
         Step(JOBS, JobStatusChanged(job_id, "agent-demo", 1, JobStatus.FINISHED, t + 20_500)),
+        # a cancellation that arrives after the job ended: agents of the ended job ignore it
+        Step(CONTROL, CancelJob(job_id, epoch, t + 21_000, "demo@127.0.0.1", "agent-demo", 1)),
     ]  # fmt: skip
 
 
@@ -192,6 +195,8 @@ def describe(event: Event) -> str:
             return f"checkpoint {event.checkpoint_id} complete at {event.external_path}"
         case NotifyCheckpointAborted():
             return f"checkpoint {event.checkpoint_id} aborted: {event.reason.name}"
+        case CancelJob():
+            return f"cancel requested by {event.requested_by}"
         case FailoverRequest():
             return f"failover: restore checkpoint {event.restore_checkpoint_id} ({event.message})"
         case CheckpointOverrides():

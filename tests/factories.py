@@ -7,6 +7,7 @@ from dataclasses import replace
 from services.common.events import (
     AcknowledgeCheckpoint,
     AgentHeartbeat,
+    CancelJob,
     CheckpointEventType,
     CheckpointFailureReason,
     CheckpointLifecycleEvent,
@@ -155,6 +156,10 @@ def failover_request() -> FailoverRequest:
     )
 
 
+def cancel_job() -> CancelJob:
+    return CancelJob(JOB, 3, T0 + 30_000, "alice@10.0.0.1", agent_id="agent-1", attempt=0)
+
+
 def overrides(version: int = 1, interval_ms: int | None = 5_000) -> CheckpointOverrides:
     return CheckpointOverrides(
         JOB,
@@ -248,6 +253,7 @@ def one_of_each() -> list[Event]:
         notify_complete(),
         notify_aborted(),
         failover_request(),
+        cancel_job(),
         overrides(),
         config_change(),
         checkpoint_failed_event(),

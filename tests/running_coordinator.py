@@ -18,6 +18,7 @@ from services.common.broker import free_port
 from services.common.kafka import make_admin
 from services.common.settings import CheckpointConfig
 from services.common.topics import create_topics
+from services.coordinator.flink_compat import WebUi
 from services.coordinator.main import serve
 from services.coordinator.service import CoordinatorService, ServiceSettings
 from tests.conftest import KafkaUnderTest
@@ -51,7 +52,9 @@ def wait(condition: object, timeout_s: float = 30.0, what: str = "condition") ->
     raise AssertionError(f"{what} not met within {timeout_s} s")
 
 
-def coordinator_in_thread(kafka: KafkaUnderTest, tmp_path: Path) -> Iterator[Running]:
+def coordinator_in_thread(
+    kafka: KafkaUnderTest, tmp_path: Path, web_ui: WebUi | None = None
+) -> Iterator[Running]:
     """A coordinator service (REST on a free port) in a thread, on the current topic prefix."""
     create_topics(make_admin(kafka.bootstrap), partitions=2)
     defaults = CheckpointConfig(
@@ -60,7 +63,7 @@ def coordinator_in_thread(kafka: KafkaUnderTest, tmp_path: Path) -> Iterator[Run
     port = free_port()
     service = CoordinatorService(ServiceSettings(kafka.bootstrap, defaults))
     thread = threading.Thread(
-        target=lambda: asyncio.run(serve(service, "127.0.0.1", port)), daemon=True
+        target=lambda: asyncio.run(serve(service, "127.0.0.1", port, web_ui)), daemon=True
     )
     thread.start()
     try:

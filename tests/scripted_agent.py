@@ -21,6 +21,7 @@ from services.common.avro import EventCodec
 from services.common.events import (
     AcknowledgeCheckpoint,
     AgentHeartbeat,
+    CancelJob,
     CheckpointFailureReason,
     DeclineCheckpoint,
     FailoverRequest,
@@ -74,6 +75,7 @@ class ScriptedAgent:
     attempt: int = 0
     heartbeat: bool = True
     agent_id: str = ""
+    end_on_cancel: bool = False
 
     def __post_init__(self) -> None:
         self.agent_id = self.agent_id or f"scripted-{uuid.uuid4().hex[:6]}"
@@ -85,6 +87,7 @@ class ScriptedAgent:
         self.completed: list[NotifyCheckpointComplete] = []
         self.aborted: list[NotifyCheckpointAborted] = []
         self.failovers: list[FailoverRequest] = []
+        self.cancels: list[CancelJob] = []
         self.stale: int = 0
         self.partition = -1
         self._epoch = 0
@@ -176,6 +179,10 @@ class ScriptedAgent:
             self.aborted.append(event)
         elif isinstance(event, FailoverRequest):
             self.failovers.append(event)
+        elif isinstance(event, CancelJob):
+            self.cancels.append(event)
+            if self.end_on_cancel:
+                self.finish(JobStatus.CANCELED)
 
     def _answer(self, trigger: TriggerCheckpoint, subtask: str) -> None:
         answer = self.script(trigger, subtask)

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 from services.common.events import (
     AgentHeartbeat,
+    CancelJob,
     CheckpointStoreRecord,
     FailoverRequest,
     JobRegistered,
@@ -65,7 +66,11 @@ WAIT_REPORT_S = 10.0
 """How often a registration still waiting for an answer says so."""
 
 ControlEvent = (
-    TriggerCheckpoint | NotifyCheckpointComplete | NotifyCheckpointAborted | FailoverRequest
+    TriggerCheckpoint
+    | NotifyCheckpointComplete
+    | NotifyCheckpointAborted
+    | FailoverRequest
+    | CancelJob
 )
 
 
@@ -256,7 +261,8 @@ class Membership:
             TriggerCheckpoint
             | NotifyCheckpointComplete
             | NotifyCheckpointAborted
-            | FailoverRequest,
+            | FailoverRequest
+            | CancelJob,
         ):
             return False
         if (event.agent_id, event.attempt) != (self.agent_id, self.attempt):

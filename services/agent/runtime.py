@@ -88,6 +88,7 @@ from services.agent.traffic import DriverTraffic
 from services.common.avro import EventCodec
 from services.common.checkpoint_store import latest_store_record
 from services.common.events import (
+    CancelJob,
     FailoverRequest,
     JobRegistered,
     JobStatus,
@@ -982,6 +983,11 @@ class Agent(SubtaskCheckpointing):
             self._on_aborted(event)
         elif isinstance(event, FailoverRequest):
             raise Restart(event.restore_external_path)
+        elif isinstance(event, CancelJob):
+            log.info(
+                "job %s: cancelled by %s", self.job_id, event.requested_by or "the coordinator"
+            )
+            self.stopping.set()  # CANCELED at the end of this round, as Ctrl-C
         return False
 
     def _end(self, status: JobStatus) -> bool:

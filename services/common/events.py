@@ -260,6 +260,19 @@ class FailoverRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class CancelJob:
+    """Cancel the job: the agent ends it CANCELED, as Ctrl-C does (no savepoint)."""
+
+    SCHEMA: ClassVar[str] = f"{NAMESPACE}.CancelJob"
+    job_id: str
+    owner_epoch: int
+    timestamp: int
+    requested_by: str | None = None
+    agent_id: str | None = None
+    attempt: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AcknowledgeCheckpoint:
     SCHEMA: ClassVar[str] = f"{NAMESPACE}.AcknowledgeCheckpoint"
     job_id: str
@@ -403,6 +416,7 @@ Event = (
     | NotifyCheckpointComplete
     | NotifyCheckpointAborted
     | FailoverRequest
+    | CancelJob
     | AcknowledgeCheckpoint
     | DeclineCheckpoint
     | CheckpointOverrides
@@ -422,6 +436,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     NotifyCheckpointComplete,
     NotifyCheckpointAborted,
     FailoverRequest,
+    CancelJob,
     AcknowledgeCheckpoint,
     DeclineCheckpoint,
     CheckpointOverrides,

@@ -22,15 +22,26 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 from starlette.exceptions import HTTPException
 
 from services.common.events import SavepointFormat
+from services.common.flink_ids import is_flink_id
 from services.common.limits import MAX_TEXT
 from services.common.metadata import BadMetadata, SnapshotMetadata
 from services.common.settings import CheckpointConfig, ConfigError
 from services.common.storage import PathOutsideRoots
 from services.coordinator import job_views
+from services.coordinator.flink_compat import (
+    FORWARD,
+    FORWARDED_HEADER,
+    FlinkPaths,
+    WebUi,
+    cluster_overview,
+    dashboard_config,
+    forward,
+)
 from services.coordinator.owned import (
     DisposalRefused,
     OwnedElsewhere,
     OwnedJob,
+    TriggerIdInUse,
     TriggerRequest,
     UnknownJob,
     UpdateInProgress,
@@ -39,32 +50,43 @@ from services.coordinator.rest_models import (
     BAD_REQUEST,
     CONFLICT,
     ELSEWHERE,
+    ENDED,
     NO_JOB,
     NO_SAVEPOINTS,
     NOT_FOUND,
     OPTION_TO_REST,
     UNAVAILABLE,
+    Accepted,
     CheckpointConfigInfo,
     CheckpointDetails,
     CheckpointingStatistics,
     CheckpointTriggerBody,
+    ClusterOverview,
+    ConfigEntries,
     ConfigurationUpdate,
     CoordinatorApp,
+    DashboardConfig,
     DisposalRequest,
     JobConfig,
     JobDetails,
     JobExceptions,
     JobList,
+    JobPlan,
     JobsOverview,
     SavepointList,
     SavepointRequest,
     StopRequest,
+    TaskManagers,
     TriggerId,
     TriggerStatus,
     answers,
 )
 from services.coordinator.service import CoordinatorService
 from services.coordinator.writer import NotOwner
+
+HOP = "sparkpoint-hop"
+"""Query parameter of a redirect for a JobID this instance does not know: the instance it goes
+to answers 404 rather than redirect again (a JobID names one of two partitions)."""
 
 
 class NotHere(Exception):
@@ -109,6 +131,11 @@ def config_json(config: CheckpointConfig) -> dict[str, Any]:
         "checkpoints_after_tasks_finish": config.checkpoints_after_tasks_finish,
         "num_retained": config.num_retained,
         "interval_during_backlog": config.interval_during_backlog_ms,
+        # Flink's state changelog (FLIP-158) has no counterpart here: answered as Flink does
+        # when it is off
+        "state_changelog_enabled": False,
+        "changelog_storage": "memory",
+        "changelog_periodic_materialization_interval": 600_000,
     }
 
 
@@ -195,14 +222,17 @@ def trigger_status(request: TriggerRequest) -> dict[str, Any]:
     return body
 
 
-def create_app(service: CoordinatorService) -> FastAPI:
+def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> FastAPI:
+    """The API; ``web_ui``: Flink's dashboard, served at ``/flink/`` (`flink_compat`)."""
     app = CoordinatorApp(
         title="sparkpoint coordinator",
         version="1",
-        description="Flink-compatible checkpoint REST API for Spark jobs.",
+        description="Flink-compatible checkpoint REST API for Spark jobs. Every path also "
+        "answers under /v1/, and /jobs/{jobid} takes the job id or its Flink JobID.",
         docs_url=None,
         redoc_url=None,
     )
+    app.add_middleware(FlinkPaths, service=service, web_ui=web_ui)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -225,11 +255,18 @@ def create_app(service: CoordinatorService) -> FastAPI:
     @app.exception_handler(NotHere)
     async def elsewhere(request: Request, exc: NotHere) -> Any:
         """A job owned by another instance: 307 to the same request there (method and body
-        kept); 404 when no instance owns it."""
-        owner = service.owner_url(exc.job_id)
+        kept), or for Flink's clients, which follow no redirect, that instance's answer; 404
+        when no instance owns it. A JobID no instance knows is looked for at most one hop on."""
+        hopped = HOP in request.query_params or FORWARDED_HEADER in request.headers
+        owner = None if hopped and is_flink_id(exc.job_id) else service.owner_url(exc.job_id)
         if owner is None:
             return error(404, f"Job {exc.job_id} not found")
-        query = f"?{request.url.query}" if request.url.query else ""
+        if FORWARD in request.scope:
+            return await forward(owner, request.scope, await request.body(), request.url.query)
+        query = request.url.query
+        if is_flink_id(exc.job_id):
+            query = f"{query}&{HOP}=1" if query else f"{HOP}=1"
+        query = f"?{query}" if query else ""
         return RedirectResponse(f"{owner}{request.url.path}{query}", status_code=307)
 
     @app.exception_handler(HTTPException)
@@ -269,7 +306,8 @@ def create_app(service: CoordinatorService) -> FastAPI:
     @app.get("/jobs", response_model=None, responses=answers(JobList))
     async def jobs() -> dict[str, Any]:
         listed = [
-            {"id": job.job_id, "name": job.registration.job_name, "status": job.status.name,
+            {"id": job.job_id, "jid": service.flink_id(job.job_id),
+             "name": job.registration.job_name, "status": job.status.name,
              "parallelism": job.registration.parallelism, "restarts": job.history.restarts}
             for job in [*service.jobs.values(), *service.ended.values()]
         ]  # fmt: skip
@@ -280,6 +318,74 @@ def create_app(service: CoordinatorService) -> FastAPI:
         now = service.clock.now_ms()
         every = [*service.jobs.values(), *service.ended.values()]
         return {"jobs": [job_views.overview(job, now) for job in every]}
+
+    @app.get("/config", response_model=None, responses=answers(DashboardConfig))
+    async def flink_config() -> dict[str, Any]:
+        return dashboard_config()
+
+    @app.get("/overview", response_model=None, responses=answers(ClusterOverview))
+    async def cluster() -> dict[str, Any]:
+        every = [*service.jobs.values(), *service.ended.values()]
+        return cluster_overview([job.status.name for job in every])
+
+    @app.get("/taskmanagers", response_model=None, responses=answers(TaskManagers))
+    async def task_managers() -> dict[str, Any]:
+        """None: Spark's executors run the tasks (Spark's UI shows them)."""
+        return {"taskmanagers": []}
+
+    @app.get("/jobmanager/config", response_model=None, responses=answers(ConfigEntries))
+    async def coordinator_config() -> list[dict[str, str]]:
+        """The instance's cluster-wide defaults, as Flink lists its configuration."""
+        defaults = service.settings.defaults.to_options()
+        return [{"key": k, "value": str(v)} for k, v in sorted(defaults.items())]
+
+    @app.get(
+        "/jobs/{jobid}/plan",
+        response_model=None,
+        responses=answers(JobPlan, ELSEWHERE, NO_JOB),
+    )
+    async def job_plan(jobid: str) -> dict[str, Any]:
+        return {"plan": job_views.details(known(jobid), service.clock.now_ms())["plan"]}
+
+    @app.patch(
+        "/jobs/{jobid}",
+        status_code=202,
+        response_model=None,
+        responses={
+            202: {"model": Accepted, "description": Accepted.__doc__},
+            **ELSEWHERE, **BAD_REQUEST, **NO_JOB, **ENDED, **UNAVAILABLE,
+        },
+    )  # fmt: skip
+    async def cancel(
+        jobid: str,
+        request: Request,
+        mode: str = "cancel",
+        x_sparkpoint_principal: Annotated[str | None, Header()] = None,
+    ) -> Any:
+        """Flink's ``flink cancel``: the job's agent ends it CANCELED (no savepoint; for one,
+        ``POST /jobs/{jobid}/stop``)."""
+        if mode != "cancel":
+            return error(
+                400, "mode: must be cancel (stop with a savepoint: POST /jobs/{jobid}/stop)"
+            )
+        ended = service.ended.get(jobid)
+        if ended is not None and jobid not in service.jobs:
+            return error(
+                409,
+                f"Job cancellation failed because the job has already reached another terminal "
+                f"state ({ended.status.name}).",
+            )
+        owned(jobid)
+        principal = x_sparkpoint_principal or (
+            f"anonymous@{request.client.host if request.client else 'unknown'}"
+        )
+        try:
+            await service.cancel(jobid, principal)
+        except UnknownJob:
+            return error(404, f"Job {jobid} not found")
+        except Exception as exc:
+            return error(503, f"the cancellation was not persisted, nothing changed: {exc}")
+        return JSONResponse({}, status_code=202)
 
     @app.get(
         "/jobs/{jobid}",
@@ -384,9 +490,14 @@ def create_app(service: CoordinatorService) -> FastAPI:
         kind = (body or CheckpointTriggerBody()).checkpointType
         if kind not in ("CONFIGURED", "FULL", "INCREMENTAL"):
             return error(400, "checkpointType: must be CONFIGURED, FULL or INCREMENTAL")
-        return {
-            "request-id": service.trigger(jobid, savepoint=False, full=kind == "FULL").request_id
-        }
+        trigger_id = (body or CheckpointTriggerBody()).triggerId
+        try:
+            request = service.trigger(
+                jobid, savepoint=False, full=kind == "FULL", trigger_id=trigger_id
+            )
+        except TriggerIdInUse as exc:
+            return error(400, f"triggerId: {exc.trigger_id} names another operation")
+        return {"request-id": request.request_id}
 
     @app.get(
         "/jobs/{jobid}/checkpoints/{triggerid}",
@@ -423,9 +534,12 @@ def create_app(service: CoordinatorService) -> FastAPI:
                 body.target_directory,
                 terminate=body.cancel_job,
                 format_type=SavepointFormat[body.formatType],
+                trigger_id=body.triggerId,
             )
         except PathOutsideRoots as exc:
             return error(400, f"target-directory: {exc}")
+        except TriggerIdInUse as exc:
+            return error(400, f"triggerId: {exc.trigger_id} names another operation")
         return {"request-id": request.request_id}
 
     @app.get(
@@ -517,14 +631,25 @@ def create_app(service: CoordinatorService) -> FastAPI:
     )
     async def stop(jobid: str, body: Annotated[StopRequest | None, Body()] = None) -> Any:
         owned(jobid)
-        target = (body or StopRequest()).targetDirectory
-        problem = directory_problem("targetDirectory", target)
+        body = body or StopRequest()
+        if body.formatType not in ("CANONICAL", "NATIVE"):
+            return error(400, "formatType: must be CANONICAL or NATIVE")
+        problem = directory_problem("targetDirectory", body.targetDirectory)
         if problem is not None:
             return problem
         try:
-            request = service.trigger(jobid, True, target, terminate=True)
+            request = service.trigger(
+                jobid,
+                True,
+                body.targetDirectory,
+                terminate=True,
+                format_type=SavepointFormat[body.formatType],
+                trigger_id=body.triggerId,
+            )
         except PathOutsideRoots as exc:
             return error(400, f"targetDirectory: {exc}")
+        except TriggerIdInUse as exc:
+            return error(400, f"triggerId: {exc.trigger_id} names another operation")
         return {"request-id": request.request_id}
 
     @app.get("/metrics", response_class=PlainTextResponse)

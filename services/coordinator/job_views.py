@@ -13,6 +13,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 from services.common.events import JobStatus
+from services.common.flink_ids import flink_job_id
 from services.common.options import without_effect
 from services.common.restarts import RestartConfig
 from services.common.settings import ConfigError
@@ -21,6 +22,12 @@ if TYPE_CHECKING:
     from services.coordinator.owned import OwnedJob
 
 STAGES = ("Source: stage 1 (read, map, key by)", "Keyed stage 2 (keyed function) -> Sink")
+
+JOB_STATES = (
+    "INITIALIZING", "CREATED", "RUNNING", "FAILING", "FAILED", "CANCELLING", "CANCELED",
+    "FINISHED", "RESTARTING", "SUSPENDED", "RECONCILING",
+)  # fmt: skip
+"""Flink's JobStatus: a job's ``timestamps`` name each (0: not reached)."""
 
 TASK_STATES = (
     "CREATED", "SCHEDULED", "DEPLOYING", "RUNNING", "FINISHED", "CANCELING", "CANCELED",
@@ -49,20 +56,40 @@ def _task_state(status: JobStatus) -> str:
     }.get(status, "CREATED")
 
 
-def _tasks(job: OwnedJob, per_stage: bool = False) -> dict[str, int]:
-    count = job.registration.parallelism * (1 if per_stage else len(STAGES))
+def _tasks(job: OwnedJob) -> dict[str, int]:
+    """A job's task counts by state (lower case, with the total), as Flink's JobDetails."""
+    count = job.registration.parallelism * len(STAGES)
     tasks = {state.lower(): 0 for state in TASK_STATES}
     tasks[_task_state(job.status).lower()] = count
     tasks["total"] = count
     return tasks
 
 
+def _stage_tasks(job: OwnedJob) -> dict[str, int]:
+    """One vertex's task counts by state (upper case, no total), as Flink's JobVertexDetails."""
+    tasks = dict.fromkeys(TASK_STATES, 0)
+    tasks[_task_state(job.status)] = job.registration.parallelism
+    return tasks
+
+
+VERTEX_METRICS = {
+    "read-bytes": 0, "read-bytes-complete": False, "write-bytes": 0,
+    "write-bytes-complete": False, "read-records": 0, "read-records-complete": False,
+    "write-records": 0, "write-records-complete": False, "accumulated-backpressured-time": 0,
+    "accumulated-idle-time": 0, "accumulated-busy-time": 0.0,
+}  # fmt: skip
+"""Flink's per-vertex IO metrics: not measured per stage here ("complete": false, as Flink
+says while it has not collected them)."""
+
+
 def overview(job: OwnedJob, now_ms: int) -> dict[str, Any]:
     """One entry of ``GET /jobs/overview`` (Flink's JobDetails)."""
     start, end, duration = _times(job, now_ms)
     return {
-        "jid": job.job_id,
+        "jid": flink_job_id(job.job_id),
         "name": job.registration.job_name,
+        "jobType": "STREAMING",
+        "schedulerType": "Default",
         "state": job.status.name,
         "start-time": start,
         "end-time": end,
@@ -71,6 +98,7 @@ def overview(job: OwnedJob, now_ms: int) -> dict[str, Any]:
         "tasks": _tasks(job),
         "pending-operators": 0,
         "restarts": job.history.restarts,
+        "sparkpoint": {"job_id": job.job_id},
     }
 
 
@@ -78,9 +106,11 @@ def details(job: OwnedJob, now_ms: int) -> dict[str, Any]:
     """``GET /jobs/{id}`` (Flink's JobDetailsInfo)."""
     start, end, duration = _times(job, now_ms)
     registration = job.registration
+    jid = flink_job_id(job.job_id)
     vertices = [
         {
             "id": vertex_id(job.job_id, i),
+            "slotSharingGroupId": vertex_id(job.job_id, -1),
             "name": name,
             "maxParallelism": registration.max_parallelism,
             "parallelism": registration.parallelism,
@@ -88,29 +118,32 @@ def details(job: OwnedJob, now_ms: int) -> dict[str, Any]:
             "start-time": start,
             "end-time": end,
             "duration": duration,
-            "tasks": _tasks(job, per_stage=True),
-            "metrics": {},
+            "tasks": _stage_tasks(job),
+            "metrics": dict(VERTEX_METRICS),
         }
         for i, name in enumerate(STAGES)
     ]
     status_counts = {state: 0 for state in TASK_STATES}
     status_counts[_task_state(job.status)] = len(STAGES)
     return {
-        "jid": job.job_id,
+        "jid": jid,
+        "application-id": jid,
         "name": registration.job_name,
         "isStoppable": False,
         "state": job.status.name,
         "job-type": "STREAMING",
+        "schedulerType": "Default",
         "start-time": start,
         "end-time": end,
         "duration": duration,
         "maxParallelism": registration.max_parallelism,
         "now": now_ms,
-        "timestamps": dict(job.history.status_times),
+        "timestamps": dict.fromkeys(JOB_STATES, 0) | job.history.status_times,
         "vertices": vertices,
         "status-counts": status_counts,
+        "pending-operators": 0,
         "plan": {
-            "jid": job.job_id,
+            "jid": jid,
             "name": registration.job_name,
             "type": "STREAMING",
             "nodes": [
@@ -118,13 +151,16 @@ def details(job: OwnedJob, now_ms: int) -> dict[str, Any]:
                     "id": vertex_id(job.job_id, i),
                     "parallelism": registration.parallelism,
                     "operator": name,
+                    "operator_strategy": "",
                     "description": name,
+                    "optimizer_properties": {},
                     "inputs": [] if i == 0 else [{"num": 0, "id": vertex_id(job.job_id, 0), "ship_strategy": "HASH", "exchange": "pipelined_bounded"}],
                 }
                 for i, name in enumerate(STAGES)
             ],
         },
         "sparkpoint": {
+            "job_id": job.job_id,
             "agent_id": registration.agent_id,
             "attempt": registration.attempt,
             "restarts": job.history.restarts,
@@ -175,7 +211,7 @@ def config(job: OwnedJob) -> dict[str, Any]:
     job's options: the effective checkpointing options, and those without effect here."""
     registration = job.registration
     return {
-        "jid": job.job_id,
+        "jid": flink_job_id(job.job_id),
         "name": registration.job_name,
         "execution-config": {
             "execution-mode": "PIPELINED",

@@ -15,6 +15,7 @@ import uvicorn
 from services.common.settings import CheckpointConfig
 from services.common.storage import absolute
 from services.coordinator.api import create_app
+from services.coordinator.flink_compat import WebUi
 from services.coordinator.service import CoordinatorService, ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,11 @@ def _flatten(tree: dict[str, object], prefix: str = "") -> dict[str, object]:
     return flat
 
 
-async def serve(service: CoordinatorService, rest_host: str, rest_port: int) -> None:
+async def serve(
+    service: CoordinatorService, rest_host: str, rest_port: int, web_ui: WebUi | None = None
+) -> None:
     settings = service.settings
-    app = create_app(service)
+    app = create_app(service, web_ui)
     config = uvicorn.Config(
         app, host=rest_host, port=rest_port, log_level="warning", lifespan="off"
     )
@@ -85,6 +88,7 @@ def run(
     rest_port: int,
     config_file: Path | None,
     advertised: str | None = None,
+    web_ui: WebUi | None = None,
 ) -> None:
     defaults = load_defaults(config_file)
     defaults = dataclasses.replace(
@@ -101,4 +105,6 @@ def run(
         f"{defaults.checkpoint_dir} and {defaults.savepoint_dir}",
         flush=True,
     )
-    asyncio.run(serve(CoordinatorService(settings), rest_host, rest_port))
+    if web_ui is not None:
+        print(f"Flink's web dashboard at http://{rest_host}:{rest_port}/flink/", flush=True)
+    asyncio.run(serve(CoordinatorService(settings), rest_host, rest_port, web_ui))

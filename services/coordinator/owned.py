@@ -115,3 +115,11 @@ class JobHistory:
                 event.status is JobStatus.RESTARTING,
             )
         )
+
+
+class TriggerIdInUse(Exception):
+    """A client-chosen trigger id already names another job's or kind's operation."""
+
+    def __init__(self, trigger_id: str) -> None:
+        super().__init__(trigger_id)
+        self.trigger_id = trigger_id

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from services.common.events import CheckpointSettings
 from services.common.limits import MAX_ID
@@ -60,6 +60,9 @@ class SavepointRequest(BaseModel):
     formatType: str = Field(
         default="CANONICAL", json_schema_extra={"enum": ["CANONICAL", "NATIVE"]}
     )
+    # Flink's client-chosen trigger id (32 hex digits): the request is answered with it, and
+    # sent again (a retry) it names the same operation instead of starting another
+    triggerId: str | None = Field(default=None, pattern="^[0-9a-fA-F]{32}$")
 
 
 class DisposalRequest(BaseModel):
@@ -75,6 +78,12 @@ class StopRequest(BaseModel):
 
     targetDirectory: str | None = None
     drain: bool = False
+    formatType: str = Field(
+        default="CANONICAL", json_schema_extra={"enum": ["CANONICAL", "NATIVE"]}
+    )
+    # Flink's client-chosen trigger id (32 hex digits): the request is answered with it, and
+    # sent again (a retry) it names the same operation instead of starting another
+    triggerId: str | None = Field(default=None, pattern="^[0-9a-fA-F]{32}$")
 
 
 class CheckpointTriggerBody(BaseModel):
@@ -83,6 +92,9 @@ class CheckpointTriggerBody(BaseModel):
     checkpointType: str = Field(
         default="CONFIGURED", json_schema_extra={"enum": ["CONFIGURED", "FULL", "INCREMENTAL"]}
     )
+    # Flink's client-chosen trigger id (32 hex digits): the request is answered with it, and
+    # sent again (a retry) it names the same operation instead of starting another
+    triggerId: str | None = Field(default=None, pattern="^[0-9a-fA-F]{32}$")
 
 
 # --- what each operation answers, for /openapi.json ----------------------------------------------
@@ -240,6 +252,61 @@ class SavepointList(BaseModel):
     savepoints: list[SavepointEntry]
 
 
+class Accepted(BaseModel):
+    """Accepted: the request is durable and the job acts on it (Flink answers ``{}``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class DashboardConfig(BaseModel):
+    """``GET /config`` (Flink's DashboardConfiguration): what Flink's web dashboard reads first."""
+
+    model_config = ConfigDict(extra="allow")
+
+    refresh_interval: int = Field(alias="refresh-interval")
+    flink_version: str = Field(alias="flink-version")
+    features: dict[str, bool]
+
+
+class ClusterOverview(BaseModel):
+    """``GET /overview`` (Flink's ClusterOverviewWithVersion): jobs by state; no task managers
+    (Spark's executors run the tasks)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    taskmanagers: int
+    jobs_running: int = Field(alias="jobs-running")
+    jobs_finished: int = Field(alias="jobs-finished")
+    jobs_cancelled: int = Field(alias="jobs-cancelled")
+    jobs_failed: int = Field(alias="jobs-failed")
+    flink_version: str = Field(alias="flink-version")
+
+
+class TaskManagers(BaseModel):
+    """``GET /taskmanagers``: none (Spark's executors run the tasks)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    taskmanagers: list[dict[str, Any]]
+
+
+class ConfigEntry(BaseModel):
+    key: str
+    value: str
+
+
+class ConfigEntries(RootModel[list[ConfigEntry]]):
+    """``GET /jobmanager/config``: the instance's cluster-wide defaults, as key and value."""
+
+
+class JobPlan(BaseModel):
+    """``GET /jobs/{jobid}/plan``: the job graph, one node per stage."""
+
+    model_config = ConfigDict(extra="allow")
+
+    plan: dict[str, Any]
+
+
 class JobsOverview(BaseModel):
     """``GET /jobs/overview`` (Flink's MultipleJobsDetails)."""
 
@@ -304,6 +371,7 @@ NO_JOB = _error(404, "No coordinator instance owns the job.")
 NOT_FOUND = _error(404, "The job, or what the request names in it, is not known.")
 NO_SAVEPOINTS = _error(404, "The job has no savepoint and is not known to this instance.")
 CONFLICT = _error(409, "Another configuration update of the job is in progress; retry.")
+ENDED = _error(409, "The job already reached a terminal state.")
 UNAVAILABLE = _error(503, "The change was not persisted (nothing changed) or the job moved.")
 ELSEWHERE: Responses = {
     307: {

@@ -48,6 +48,7 @@ from services.common.clock import SystemClock, TimerQueue
 from services.common.events import (
     AcknowledgeCheckpoint,
     AgentHeartbeat,
+    CancelJob,
     CheckpointEventType,
     CheckpointFailureReason,
     CheckpointLifecycleEvent,
@@ -69,6 +70,7 @@ from services.common.events import (
     SnapshotType,
     TriggerCheckpoint,
 )
+from services.common.flink_ids import candidate_partitions, flink_job_id, is_flink_id
 from services.common.kafka import (
     ConsumerProfile,
     EventPublisher,
@@ -81,7 +83,7 @@ from services.common.kafka import (
     replay_topic,
     true_end_offset,
 )
-from services.common.limits import LEASE_TIMEOUT_MS, job_id_problem
+from services.common.limits import LEASE_TIMEOUT_MS, MAX_TEXT, job_id_problem
 from services.common.metadata import BadMetadata, SnapshotMetadata
 from services.common.settings import REST_FIELDS, CheckpointConfig, ConfigError, RecoveryConfig
 from services.common.storage import CHECKPOINT_DIR, PathOutsideRoots, Storage
@@ -121,6 +123,7 @@ from services.coordinator.owned import (
     JobHistory,
     OwnedElsewhere,
     OwnedJob,
+    TriggerIdInUse,
     TriggerRequest,
     UnknownJob,
     UpdateInProgress,
@@ -187,6 +190,7 @@ class CoordinatorService:
         self.jobs: dict[str, OwnedJob] = {}
         self.requests: dict[str, TriggerRequest] = {}
         self.ended: dict[str, OwnedJob] = {}
+        self._flink_ids: dict[str, str] = {}
         self.writers: dict[int, PartitionWriter] = {}
         self.epochs: dict[int, int] = {}
         self.malformed = 0
@@ -480,16 +484,39 @@ class CoordinatorService:
                 self.owners[partition] = announcement
 
     def owner_url(self, job_id: str) -> str | None:
-        """The REST address of the instance that owns ``job_id``, when it is another one."""
+        """The REST address of the instance that owns ``job_id`` (a job id, or a Flink JobID
+        this instance does not know), when it is another one."""
         if not self.partition_count:
             return None
-        partition = partition_of(job_id, self.partition_count)
-        if partition in self.writers:
-            return None
-        owner = self.owners.get(partition)
-        if owner is None or owner.instance_id == self.settings.instance_id:
-            return None
-        return owner.rest_url
+        if is_flink_id(job_id) and job_id not in self.jobs:
+            candidates = candidate_partitions(job_id.lower(), self.partition_count)
+        else:
+            candidates = [partition_of(job_id, self.partition_count)]
+        for partition in candidates:
+            if partition in self.writers:
+                continue
+            owner = self.owners.get(partition)
+            if owner is not None and owner.instance_id != self.settings.instance_id:
+                return owner.rest_url
+        return None
+
+    def flink_id(self, job_id: str) -> str:
+        """The job's Flink JobID (`services.common.flink_ids`), computed once per job id."""
+        known = self._flink_ids.get(job_id)
+        if known is None:
+            known = self._flink_ids[job_id] = flink_job_id(job_id)
+        return known
+
+    def resolve(self, name: str) -> str:
+        """The job id named by ``name``: a job id, or the Flink JobID of a job running or ended
+        here. Anything else comes back as it is (the caller finds no such job)."""
+        if name in self.jobs or name in self.ended or not is_flink_id(name):
+            return name
+        wanted = name.lower()
+        for job_id in (*self.jobs, *self.ended):
+            if self.flink_id(job_id) == wanted:
+                return job_id
+        return name
 
     def _replay(
         self, partitions: list[int]
@@ -1261,11 +1288,22 @@ class CoordinatorService:
         terminate: bool = False,
         full: bool = False,
         format_type: SavepointFormat = SavepointFormat.CANONICAL,
+        trigger_id: str | None = None,
     ) -> TriggerRequest:
+        """A manual checkpoint or savepoint. ``trigger_id``: the client's id for the operation
+        (Flink's ``triggerId``); a request that names one already known for this job and kind
+        is a retry and gets that operation back; for another job or kind, `TriggerIdInUse`."""
         job = self.job(job_id)
+        if trigger_id is not None:
+            trigger_id = trigger_id.lower()
+            known = self.requests.get(trigger_id)
+            if known is not None:
+                if (known.job_id, known.savepoint, known.disposal) != (job_id, savepoint, False):
+                    raise TriggerIdInUse(trigger_id)
+                return known
         if target_directory is not None:
             self.storage.check(target_directory)
-        request = TriggerRequest(uuid.uuid4().hex, job_id, savepoint)
+        request = TriggerRequest(trigger_id or uuid.uuid4().hex, job_id, savepoint)
         self.requests[request.request_id] = request
         now = self.clock.now_ms()
         if savepoint:
@@ -1276,6 +1314,24 @@ class CoordinatorService:
             commands = job.core.trigger_checkpoint(now, request.request_id, full=full)
         self._execute(job, commands)
         return request
+
+    async def cancel(self, job_id: str, principal: str) -> None:
+        """Flink's cancel: the job's agent ends it CANCELED at the end of its current round, as
+        Ctrl-C does, without a savepoint. Returns once the request is durable on the control
+        topic (the agent acts on it when it reads it); raises `UnknownJob` for a job not
+        running here. A job that already ended is left as it is."""
+        job = self.job(job_id)
+        registration = job.registration
+        event = CancelJob(
+            job_id,
+            job.core.owner_epoch,
+            self.clock.now_ms(),
+            principal[:MAX_TEXT],
+            registration.agent_id,
+            registration.attempt,
+        )
+        log.info("job %s: cancellation requested by %s", job_id, principal)
+        await self._published(job, [event])
 
     async def update_configuration(
         self, job_id: str, changes: CheckpointSettings, principal: str, request_id: str

@@ -302,7 +302,11 @@ class CheckpointStatsTracker:
                 "completed": self.completed,
                 "failed": self.failed,
             },
-            "summary": {name: summary.to_json() for name, summary in self.summaries.items()},
+            "summary": {
+                # Flink 1.x's alignment buffering, still answered by Flink 2.3: always 0 there too
+                "alignment_buffered": Summary().to_json(),
+                **{name: summary.to_json() for name, summary in self.summaries.items()},
+            },
             "latest": {
                 "completed": latest(self.latest_completed),
                 "savepoint": latest(self.latest_savepoint),

@@ -19,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from services.common.avro import EventCodec
 from services.common.events import (
     AgentHeartbeat,
+    CancelJob,
     CheckpointLifecycleEvent,
     CheckpointOverrides,
     CheckpointStoreRecord,
@@ -52,6 +53,7 @@ TOPIC_OF: dict[type, Any] = {
     NotifyCheckpointComplete: CONTROL,
     NotifyCheckpointAborted: CONTROL,
     FailoverRequest: CONTROL,
+    CancelJob: CONTROL,
     JobRegistered: JOBS,
     JobStatusChanged: CHECKPOINT_EVENTS,
     RegistrationResponse: CONTROL,

@@ -181,7 +181,8 @@ def test_a_job_another_instance_owns_is_a_documented_307(
         if "307" not in operation.responses.status_codes or "{jobid}" not in operation.path:
             continue  # a disposal is redirected by the savepoint's job, read from storage
         params = {name: "1" for name in ("checkpointid", "triggerid") if name in operation.path}
-        body = {} if operation.method.upper() == "PATCH" else NOT_SET
+        with_body = operation.method.upper() == "PATCH" and operation.body  # the config update
+        body = {} if with_body else NOT_SET
         case = operation.Case(path_parameters={"jobid": "elsewhere", **params}, body=body)
         response = case.call_and_validate(
             checks=[*CHECKS, response_headers_conformance], allow_redirects=False
@@ -190,7 +191,7 @@ def test_a_job_another_instance_owns_is_a_documented_307(
         sent = urlsplit(response.request.url)
         assert response.headers["location"] == [f"{owner}{sent.path}"], operation.label
         redirecting.append(operation.label)
-    assert len(redirecting) == 13, redirecting
+    assert len(redirecting) == 15, redirecting
 
 
 # --- the declarations themselves ------------------------------------------------------------------
