@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck unit bench peers chaos lock clean
+.PHONY: install run test lint typecheck unit bench peers chaos compat lock clean
 
 install: $(STAMP)
 
@@ -54,6 +54,19 @@ $(PEERS)/.installed: bench/peers-requirements.txt
 peers: install $(PEERS)/.installed
 	$(BIN)/python bench/peers.py
 
+# Flink's own tools against sparkpoint (tests/e2e/test_flink_tools.py): the real Flink 2.3 CLI and
+# web dashboard from the apache-flink package (844 MB) and Playwright, in a venv of their own; the
+# dashboard check drives Debian's Chromium (apt-get install chromium). Not part of `make test`.
+COMPAT := .venv-compat
+$(COMPAT)/.installed: tests/compat/requirements.txt
+	test -x $(COMPAT)/bin/python || $(PYTHON) -m venv $(COMPAT)
+	$(COMPAT)/bin/python -m pip install --quiet --disable-pip-version-check -r tests/compat/requirements.txt
+	touch $@
+
+compat: install $(COMPAT)/.installed
+	@command -v chromium > /dev/null || echo "no chromium on the PATH: the dashboard test will be skipped (apt-get install chromium)"
+	$(BIN)/pytest -p no:cacheprovider -rs tests/e2e/test_flink_tools.py tests/integration/test_flink_rest.py
+
 # Kill-point and bad-event campaigns (bench/chaos.py): long; `make test` runs a small one.
 chaos: install
 	$(BIN)/python bench/chaos.py --kill-points 100
@@ -68,4 +81,4 @@ lock:
 	rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) $(PEERS) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PEERS) $(COMPAT) .pytest_cache .mypy_cache .ruff_cache

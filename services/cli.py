@@ -217,13 +217,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     from services.client import call, rest_url
+    from services.common.flink_ids import flink_job_id
 
     jobs = call(rest_url(args.rest), "GET", "/jobs")["jobs"]
-    say(f"{'id':<24} {'status':<10} {'parallelism':>11} {'restarts':>8}  name")
+    say(f"{'id':<24} {'Flink JobID':<32} {'status':<10} {'parallelism':>11} {'restarts':>8}  name")
     for job in jobs:
         restarts = job.get("restarts", 0)
+        jid = job.get("jid") or flink_job_id(job["id"])  # an older coordinator: derived here
         say(
-            f"{job['id']:<24} {job['status']:<10} {job['parallelism']:>11} {restarts:>8}  {job['name']}"
+            f"{job['id']:<24} {jid:<32} {job['status']:<10} {job['parallelism']:>11} {restarts:>8}  {job['name']}"
         )
     return EXIT_OK
 

@@ -57,6 +57,7 @@ from services.coordinator.rest_models import (
     OPTION_TO_REST,
     UNAVAILABLE,
     Accepted,
+    Applications,
     CheckpointConfigInfo,
     CheckpointDetails,
     CheckpointingStatistics,
@@ -73,6 +74,7 @@ from services.coordinator.rest_models import (
     JobList,
     JobPlan,
     JobsOverview,
+    NoMetrics,
     SavepointList,
     SavepointRequest,
     StopRequest,
@@ -327,6 +329,27 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
     async def cluster() -> dict[str, Any]:
         every = [*service.jobs.values(), *service.ended.values()]
         return cluster_overview([job.status.name for job in every])
+
+    @app.get("/applications/overview", response_model=None, responses=answers(Applications))
+    async def applications() -> dict[str, Any]:
+        now = service.clock.now_ms()
+        every = [*service.jobs.values(), *service.ended.values()]
+        return {"applications": [job_views.application(job, now) for job in every]}
+
+    @app.get(
+        "/jobs/{jobid}/vertices/{vertexid}/{what:path}",
+        response_model=None,
+        responses=answers(NoMetrics, ELSEWHERE, NOT_FOUND),
+    )
+    async def vertex_metrics(jobid: str, vertexid: str, what: str) -> Any:
+        """A stage's watermarks and metrics, as Flink's dashboard asks for them: none are
+        collected per stage here (an empty list, as Flink answers before it has any)."""
+        job = known(jobid)
+        if what not in ("watermarks", "metrics", "subtasks/metrics"):
+            raise HTTPException(404, f"No {what} of vertex {vertexid}")
+        if not job_views.has_vertex(job, vertexid):
+            raise HTTPException(404, f"Vertex {vertexid} of job {jobid} not found")
+        return []
 
     @app.get("/taskmanagers", response_model=None, responses=answers(TaskManagers))
     async def task_managers() -> dict[str, Any]:

@@ -102,6 +102,24 @@ def overview(job: OwnedJob, now_ms: int) -> dict[str, Any]:
     }
 
 
+def application(job: OwnedJob, now_ms: int) -> dict[str, Any]:
+    """One entry of ``GET /applications/overview`` (Flink 2.3: each job its own application)."""
+    start, end, duration = _times(job, now_ms)
+    return {
+        "id": flink_job_id(job.job_id),
+        "name": job.registration.job_name,
+        "status": job.status.name,
+        "start-time": start,
+        "end-time": end,
+        "duration": duration,
+        "jobs": {job.status.name: 1},
+    }
+
+
+def has_vertex(job: OwnedJob, vertex: str) -> bool:
+    return any(vertex == vertex_id(job.job_id, i) for i in range(len(STAGES)))
+
+
 def details(job: OwnedJob, now_ms: int) -> dict[str, Any]:
     """``GET /jobs/{id}`` (Flink's JobDetailsInfo)."""
     start, end, duration = _times(job, now_ms)
@@ -150,7 +168,7 @@ def details(job: OwnedJob, now_ms: int) -> dict[str, Any]:
                 {
                     "id": vertex_id(job.job_id, i),
                     "parallelism": registration.parallelism,
-                    "operator": name,
+                    "operator": "",
                     "operator_strategy": "",
                     "description": name,
                     "optimizer_properties": {},

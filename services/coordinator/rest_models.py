@@ -282,6 +282,18 @@ class ClusterOverview(BaseModel):
     flink_version: str = Field(alias="flink-version")
 
 
+class Applications(BaseModel):
+    """``GET /applications/overview`` (Flink 2.3): each job is an application of its own."""
+
+    model_config = ConfigDict(extra="allow")
+
+    applications: list[dict[str, Any]]
+
+
+class NoMetrics(RootModel[list[dict[str, Any]]]):
+    """A stage's watermarks or metrics: none are collected per stage (an empty list)."""
+
+
 class TaskManagers(BaseModel):
     """``GET /taskmanagers``: none (Spark's executors run the tasks)."""
 

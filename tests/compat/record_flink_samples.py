@@ -92,6 +92,18 @@ def main() -> int:
         "/jobs/not-a-jid",
     ):  # fmt: skip
         record(f"GET {path}", path.replace("{jid}", jid))
+    # what the dashboard's pages ask for besides (Flink 2.3 groups jobs into applications)
+    record("GET /applications/overview", "/applications/overview")
+    vertex = answers["GET /jobs/{jid}"][1]["vertices"][0]["id"]
+    for what in (
+        "watermarks",
+        "subtasks/metrics?get=backPressuredTimeMsPerSecond,busyTimeMsPerSecond,numRecordsInPerSecond",
+        "backpressure",
+        "metrics",
+    ):
+        record(
+            f"GET /jobs/{{jid}}/vertices/{{vid}}/{what}", f"/jobs/{jid}/vertices/{vertex}/{what}"
+        )
     target = f"file://{storage}/savepoints"
     trigger = record(
         "POST /jobs/{jid}/savepoints",
@@ -125,7 +137,9 @@ def main() -> int:
         if isinstance(answer, dict) and "errors" in answer:
             answer = {"errors": [e.split("\n")[0] for e in answer["errors"]]}
         samples[name] = {"status": status, "body": answer}
-    text = json.dumps(samples, indent=1, sort_keys=True).replace(jid, "{jid}")
+    text = (
+        json.dumps(samples, indent=1, sort_keys=True).replace(jid, "{jid}").replace(vertex, "{vid}")
+    )
     recorded = {
         "recorded_with": "apache-flink 2.3.0 (PyFlink local MiniCluster), "
         "tests/compat/record_flink_samples.py",

@@ -100,6 +100,7 @@ NO_COUNTERPART: set[str] = set()
         ("GET /jobs/{jid}/plan", "/jobs/{jid}/plan"),
         ("GET /taskmanagers", "/taskmanagers"),
         ("GET /jobmanager/config", "/jobmanager/config"),
+        ("GET /applications/overview", "/applications/overview"),
     ],
 )
 def test_answers_carry_every_field_flink_2_3_answers_with(
@@ -271,3 +272,14 @@ def test_an_unreachable_owner_is_a_503_naming_it(
     with httpx.Client(base_url=coordinator.url, timeout=40) as client:
         answer = client.get(f"/v1/jobs/{flink_job_id('gone')}")
     assert answer.status_code == 503 and "http://127.0.0.1:9" in answer.json()["errors"][0]
+
+
+def test_sparkpoint_jobs_shows_the_job_id_and_the_flink_job_id(
+    coordinator: Running, job: ScriptedAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.cli import main
+
+    assert main(["jobs", "--rest", coordinator.url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "Flink JobID" in lines[0]
+    assert any(line.split()[:2] == [job.job_id, flink_job_id(job.job_id)] for line in lines[1:])
