@@ -215,7 +215,8 @@ def test_the_file_sink_commits_part_files_exactly_once(
     status, _ = run_in_process(job, coordinator, spark)
 
     assert status is JobStatus.FINISHED
-    assert read_files(tmp_path / "out") == expected
+    got = read_files(tmp_path / "out")
+    assert got == expected, difference(got, expected)
     assert not list((tmp_path / "out").glob(".*inprogress*")), "no part file left in progress"
 
 
@@ -241,7 +242,8 @@ def test_records_travel_in_segment_files_and_backpressure_holds_the_source(
     segment_dir = Path(agent.channel_dir)
 
     assert agent.run() is JobStatus.FINISHED
-    assert read_output(coordinator.bootstrap, output) == expected
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
     assert seen[-1][0] > 0, "stage 1 wrote segment files"
     assert any(full for _, full, _ in seen), "a full channel was reported (the source paused)"
     assert any(queued for _, _, queued in seen)
@@ -315,9 +317,8 @@ def test_at_least_once_sinks_publish_every_record_without_transactions(
     status, _ = run_in_process(job, coordinator, spark)
 
     assert status is JobStatus.FINISHED
-    assert (
-        read_output(coordinator.bootstrap, output) == expected
-    )  # no failure: exactly the reference
+    got = read_output(coordinator.bootstrap, output)  # no failure: exactly the reference
+    assert got == expected, difference(got, expected)
 
 
 # --- SIGKILL at scripted points, then restore -------------------------------------------------------
@@ -378,7 +379,8 @@ def test_killed_during_the_sink_transaction_commits_exactly_the_reference_on_rea
     assert killed(first), first.stderr[-3000:]
     second = agent_process(coordinator, name, payments_topic, output, "--restore", "latest")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert read_output(coordinator.bootstrap, output) == expected
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
 
 
 def test_restores_with_parallelism_2_then_4_then_1_commit_exactly_the_reference(

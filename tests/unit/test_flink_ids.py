@@ -23,7 +23,9 @@ def test_a_job_id_has_one_flink_job_id_of_32_lower_case_hex_digits(job_id: str) 
 
 
 @given(job_ids, st.integers(min_value=1, max_value=500))
-def test_the_flink_job_id_names_the_partition_of_the_job_first(job_id: str, partitions: int) -> None:
+def test_the_flink_job_id_names_the_partition_of_the_job_first(
+    job_id: str, partitions: int
+) -> None:
     assert candidate_partitions(flink_job_id(job_id), partitions)[0] == partition_of(
         job_id, partitions
     )
