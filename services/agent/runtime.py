@@ -545,6 +545,7 @@ class Agent(SubtaskCheckpointing):
         self.unsealed: list[tuple[int, str]] = []
         """Output staged since the last barrier: the next epoch's."""
         self.end_of_input = False
+        self.draining = None
         self.finished_before = restored is not None and restored.end_of_input
         """Restored from the final checkpoint of a bounded job: nothing is left to do."""
         self.highest_trigger = restored.checkpoint_id if restored else 0
@@ -868,6 +869,7 @@ class Agent(SubtaskCheckpointing):
             for subtask, name, rows, size in result.segments:
                 self.channels[subtask].append(name, rows, size, partition, started_at)
             self.source.positions[partition] = result.next_offset
+            self.source.capped[partition] = result.capped
             fetched += result.records
             self.input_bytes += result.bytes_read
         if fetched:
@@ -966,6 +968,11 @@ class Agent(SubtaskCheckpointing):
         self._start_process(end_of_input=True)
         self._collect_process(wait=True)
         self.end_of_input = True
+        if self.draining is not None:  # stop-with-savepoint --drain: its savepoint, now
+            trigger, self.draining = self.draining.trigger, None
+            log.info("job %s: drained; taking savepoint %d", self.job_id, trigger.checkpoint_id)
+            self._on_trigger(trigger)
+            return
         log.info("job %s: end of input; asking for the final checkpoint", self.job_id)
         self._announce(JobStatus.RUNNING, end_of_input=True)
 

@@ -117,6 +117,15 @@ def split_done(copies: list[Copy]) -> tuple[list[Copy], list[Copy]]:
     )
 
 
+@dataclass(frozen=True)
+class Draining:
+    """A stop-with-savepoint ``--drain`` waiting for the input it ended to be processed."""
+
+    trigger: TriggerCheckpoint
+    ends: dict[tuple[str, int], int]
+    """The source's ends before the drain (restored if the savepoint is aborted first)."""
+
+
 class SubtaskCheckpointing:
     """Snapshot, acknowledge, complete, abort: for every subtask of the agent's job."""
 
@@ -142,6 +151,7 @@ class SubtaskCheckpointing:
     sealed: dict[int, list[tuple[int, str]]]
     unsealed: list[tuple[int, str]]
     end_of_input: bool
+    draining: Draining | None
     highest_trigger: int
     latest_completed: str | None
     completed_checkpoints: list[int]
@@ -164,6 +174,9 @@ class SubtaskCheckpointing:
         checkpoint_id = trigger.checkpoint_id
         if checkpoint_id <= self.highest_trigger:
             return  # read again, or older than the restored checkpoint
+        if trigger.snapshot_type is SnapshotType.SAVEPOINT_TERMINATE and not self.end_of_input:
+            self._drain(trigger)  # this trigger is handled again once the input has ended
+            return
         self.highest_trigger = checkpoint_id
         pending = PendingSnapshot(trigger, time.monotonic(), final=self.end_of_input)
         not_ready = self.restoring.not_ready(self.channels)
@@ -498,8 +511,29 @@ class SubtaskCheckpointing:
             )  # fmt: skip
         return found
 
+    def _drain(self, trigger: TriggerCheckpoint) -> None:
+        """Stop-with-savepoint ``--drain`` (Flink's SAVEPOINT_TERMINATE): the input ends where
+        reading stands; once every record read is processed, the keyed function's end-of-input
+        hook runs (windows fire, as Flink's MAX_WATERMARK fires them) and the savepoint is taken
+        with the input ended. The job then finishes; a restore from that savepoint finds
+        nothing left to do, as in Flink, where a drained job is not meant to be resumed."""
+        if self.draining is not None:
+            return
+        log.info(
+            "job %s: stop-with-savepoint %d with --drain: the input ends here",
+            self.job_id, trigger.checkpoint_id,
+        )  # fmt: skip
+        self.draining = Draining(trigger, self.source.end_here())
+
     def _on_aborted(self, event: NotifyCheckpointAborted) -> None:
         checkpoint_id = event.checkpoint_id
+        if self.draining is not None and self.draining.trigger.checkpoint_id == checkpoint_id:
+            log.warning(
+                "job %s: stop-with-savepoint %d aborted while draining (%s): reading goes on",
+                self.job_id, checkpoint_id, event.reason.name,
+            )  # fmt: skip
+            self.source.resume(self.draining.ends)
+            self.draining = None
         self.aborted_checkpoints.append(checkpoint_id)
         self.backend.abort(checkpoint_id)
         pending = self.pending.pop(checkpoint_id, None)

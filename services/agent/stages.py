@@ -150,6 +150,9 @@ class FetchResult:
     """(offset, reason) of records that were skipped, the first few."""
     bytes_read: int = 0
     """Bytes of the records read (values), for the driver's bytes-per-input-byte figure."""
+    capped: bool = False
+    """The read stopped at ``max_records``: more may follow at once, whatever the broker's
+    high watermark says (the embedded broker's can stop at the last batch's base offset)."""
 
 
 def segment_name(task: FetchTask, subtask: int) -> str:
@@ -262,7 +265,14 @@ def fetch_and_partition(task: FetchTask, map_function: MapFunction) -> FetchResu
             write_file(f"{task.channel_dir}/{name}", data)
             segments.append((int(subtask), name, len(part), len(data)))
     return FetchResult(
-        task.topic, task.partition, next_offset, records, segments, malformed[:10], bytes_read
+        task.topic,
+        task.partition,
+        next_offset,
+        records,
+        segments,
+        malformed[:10],
+        bytes_read,
+        capped=records >= task.max_records,
     )
 
 

@@ -668,6 +668,7 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
                 terminate=True,
                 format_type=SavepointFormat[body.formatType],
                 trigger_id=body.triggerId,
+                drain=body.drain,
             )
         except PathOutsideRoots as exc:
             return error(400, f"targetDirectory: {exc}")

@@ -238,9 +238,16 @@ class CheckpointCoordinator:
         target_directory: str | None = None,
         terminate: bool = False,
         format_type: SavepointFormat = SavepointFormat.CANONICAL,
+        drain: bool = False,
     ) -> list[Command]:
-        """A manual savepoint; ``terminate`` for stop-with-savepoint."""
-        snapshot_type = SnapshotType.SAVEPOINT_TERMINATE if terminate else SnapshotType.SAVEPOINT
+        """A manual savepoint; ``terminate`` for stop-with-savepoint, which ``drain`` makes
+        Flink's SAVEPOINT_TERMINATE (the input ends and is processed first), else
+        SAVEPOINT_SUSPEND."""
+        snapshot_type = SnapshotType.SAVEPOINT
+        if terminate:
+            snapshot_type = (
+                SnapshotType.SAVEPOINT_TERMINATE if drain else SnapshotType.SAVEPOINT_SUSPEND
+            )
         request = CheckpointRequest(
             snapshot_type, False, now_ms, request_id, True, target_directory, format_type
         )

@@ -1289,6 +1289,7 @@ class CoordinatorService:
         full: bool = False,
         format_type: SavepointFormat = SavepointFormat.CANONICAL,
         trigger_id: str | None = None,
+        drain: bool = False,
     ) -> TriggerRequest:
         """A manual checkpoint or savepoint. ``trigger_id``: the client's id for the operation
         (Flink's ``triggerId``); a request that names one already known for this job and kind
@@ -1308,7 +1309,7 @@ class CoordinatorService:
         now = self.clock.now_ms()
         if savepoint:
             commands = job.core.trigger_savepoint(
-                now, request.request_id, target_directory, terminate, format_type
+                now, request.request_id, target_directory, terminate, format_type, drain
             )
         else:
             commands = job.core.trigger_checkpoint(now, request.request_id, full=full)

@@ -228,6 +228,40 @@ def take_savepoint_and_stop(
     return agent, str(answer["operation"]["location"])
 
 
+def test_stop_with_drain_ends_the_input_fires_its_windows_and_a_restore_finds_it_finished(
+    coordinator: Running, spark: Any, topic: str, expected: list[Output]
+) -> None:
+    """``flink stop --drain``: an unbounded job's input ends where reading stands, the keyed
+    function's end-of-input hook fires every window, the savepoint holds the ended input, and
+    the job is FINISHED with exactly the reference of a bounded run over the same records."""
+    output, name = unique("stats"), unique("drain")
+    job = build(name, topic, output, max_records=500, bounded=False)
+    stopped: list[str] = []
+    client = coordinator.client()
+
+    def drain_once_all_is_read(agent: Agent) -> None:
+        if not stopped and sum(agent.source.positions.values()) >= RECORDS:
+            target = str(coordinator.root / "savepoints")
+            body = {"targetDirectory": target, "drain": True}
+            stopped.append(client.post(f"/v1/jobs/{job.id}/stop", json=body).json()["request-id"])
+
+    agent = in_process(job, coordinator, spark)
+    agent.on_round = drain_once_all_is_read
+    assert agent.run() is JobStatus.FINISHED and stopped
+    answer = client.get(f"/jobs/{job.id}/savepoints/{stopped[0]}").json()
+    client.close()
+    assert answer["status"]["id"] == "COMPLETED", answer
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+
+    status, again = run_in_process(
+        job, coordinator, spark, restore=str(answer["operation"]["location"])
+    )
+    assert status is JobStatus.FINISHED and again.finished_before  # nothing left to do
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+
+
 def test_a_savepoint_moved_to_another_directory_restores_with_parallelism_3(
     coordinator: Running, spark: Any, topic: str, expected: list[Output]
 ) -> None:

@@ -101,6 +101,19 @@ def test_no_interval_means_no_periodic_checkpoint_but_savepoints_work() -> None:
     assert [t.snapshot_type for t in driver.triggers()] == [SnapshotType.SAVEPOINT]
 
 
+def test_stop_with_savepoint_suspends_and_with_drain_terminates_as_flinks_stop() -> None:
+    driver = coordinator(CheckpointConfig())
+    driver.run(driver.coordinator.trigger_savepoint(driver.now, "stop", terminate=True))
+    driver.acknowledge_all(driver.triggers()[-1].checkpoint_id)
+    driver.run(
+        driver.coordinator.trigger_savepoint(driver.now, "drain", terminate=True, drain=True)
+    )
+    assert [t.snapshot_type for t in driver.triggers()] == [
+        SnapshotType.SAVEPOINT_SUSPEND,
+        SnapshotType.SAVEPOINT_TERMINATE,
+    ]
+
+
 # --- acknowledgements and completion ---------------------------------------------------------------
 
 

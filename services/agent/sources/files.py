@@ -41,6 +41,8 @@ class FileSourceReader:
     parallelism: int
     positions: dict[Partition, int] = field(default_factory=dict)
     ends: dict[Partition, int] = field(default_factory=dict)
+    capped: dict[Partition, bool] = field(default_factory=dict)
+    """Unused: a file's row count decides (the interface of `KafkaSourceReader`)."""
 
     def __post_init__(self) -> None:
         files = expand(self.source.path)
@@ -66,6 +68,19 @@ class FileSourceReader:
 
     def finished(self) -> bool:
         return all(self.positions[p] >= e for p, e in self.ends.items())
+
+    def end_here(self) -> dict[Partition, int]:
+        """Ends the input where reading stands (stop-with-savepoint ``--drain``): nothing
+        beyond is read. Returns the ends it replaced, for `resume`."""
+        before = dict(self.ends)
+        self.ends = {
+            p: min(self.ends.get(p, position), position) for p, position in self.positions.items()
+        }
+        return before
+
+    def resume(self, ends: dict[Partition, int]) -> None:
+        """Undoes `end_here` (the drain's savepoint failed before the input ended)."""
+        self.ends = ends
 
     def snapshot(
         self, subtask: int, positions: dict[Partition, int] | None = None

@@ -29,6 +29,9 @@ class KafkaSourceReader:
     this process and kept across its restarts (as Flink's bounded KafkaSource keeps its stopping
     offsets in its splits): a restart reads up to the same ends, and does not look them up."""
 
+    capped: dict[Partition, bool] = field(default_factory=dict)
+    """Partitions whose last read stopped at the per-round limit: readable again at once."""
+
     def __post_init__(self) -> None:
         self.consumer = Consumer(
             consumer_config(self.bootstrap, client_id="sparkpoint-source-driver")
@@ -70,13 +73,17 @@ class KafkaSourceReader:
     def readable(self) -> list[Partition]:
         """Partitions with records beyond their position. The high watermark can only be too low
         on the embedded broker (it counts the last batch's base offset), never too high, and it
-        rises above the position whenever a new batch arrives: so it decides correctly."""
+        rises above the position whenever a new batch arrives; a read that stopped at the
+        per-round limit inside the last batch is read on at once, the watermark unasked."""
         ready = []
         for partition in self.partitions:
             position = self.positions[partition]
             if partition in self.ends:
                 if position < self.ends[partition]:
                     ready.append(partition)
+                continue
+            if self.capped.get(partition):
+                ready.append(partition)
                 continue
             _, high = self.consumer.get_watermark_offsets(
                 TopicPartition(*partition), timeout=10, cached=False
@@ -87,6 +94,19 @@ class KafkaSourceReader:
 
     def finished(self) -> bool:
         return bool(self.ends) and all(self.positions[p] >= e for p, e in self.ends.items())
+
+    def end_here(self) -> dict[Partition, int]:
+        """Ends the input where reading stands (stop-with-savepoint ``--drain``): nothing
+        beyond is read. Returns the ends it replaced, for `resume`."""
+        before = dict(self.ends)
+        self.ends = {
+            p: min(self.ends.get(p, position), position) for p, position in self.positions.items()
+        }
+        return before
+
+    def resume(self, ends: dict[Partition, int]) -> None:
+        """Undoes `end_here` (the drain's savepoint failed before the input ended)."""
+        self.ends = ends
 
     def snapshot(
         self, subtask: int, positions: dict[Partition, int] | None = None
