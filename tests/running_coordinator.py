@@ -61,7 +61,9 @@ def coordinator_in_thread(
         checkpoint_dir=str(tmp_path / "checkpoints"), savepoint_dir=str(tmp_path / "savepoints")
     )
     port = free_port()
-    service = CoordinatorService(ServiceSettings(kafka.bootstrap, defaults))
+    service = CoordinatorService(
+        ServiceSettings(kafka.bootstrap, defaults, rest_url=f"http://127.0.0.1:{port}")
+    )
     thread = threading.Thread(
         target=lambda: asyncio.run(serve(service, "127.0.0.1", port, web_ui)), daemon=True
     )

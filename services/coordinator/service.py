@@ -497,7 +497,7 @@ class CoordinatorService:
                 continue
             owner = self.owners.get(partition)
             if owner is not None and owner.instance_id != self.settings.instance_id:
-                return owner.rest_url
+                return owner.rest_url or None  # an instance that announced no address
         return None
 
     def flink_id(self, job_id: str) -> str:

@@ -10,6 +10,7 @@ import pytest
 
 from services.agent.membership import EPOCH_CHECK_S, Membership
 from services.common.events import (
+    CancelJob,
     CheckpointStoreRecord,
     NotifyCheckpointComplete,
     SnapshotType,
@@ -115,3 +116,14 @@ def test_a_record_that_cannot_be_read_now_leaves_the_epoch_unconfirmed() -> None
     member.owner_epoch = member.confirmed_epoch = 1
     assert not member.hears(trigger(2))  # dropped, not raised into the agent's loop
     assert member.hears(trigger(1))
+
+
+def test_a_cancellation_is_heard_only_from_the_driving_coordinator_for_this_attempt() -> None:
+    """A stale or forged CancelJob (an older epoch, another agent or attempt) never ends the
+    job; the real one does."""
+    record, clock = Record(owner_epoch=2), Clock()
+    member = membership(record, clock, epoch=2)
+    assert not member.hears(CancelJob(JOB, 1, 0, "old owner", agent_id=AGENT, attempt=0))
+    assert not member.hears(CancelJob(JOB, 2, 0, "x", agent_id="agent-2", attempt=0))
+    assert not member.hears(CancelJob(JOB, 2, 0, "x", agent_id=AGENT, attempt=1))
+    assert member.hears(CancelJob(JOB, 2, 0, "alice", agent_id=AGENT, attempt=0))
