@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from fsspec.core import url_to_fs
 
 from services.agent.job import FileSource
+from services.agent.sources import EndsEarly, Partition
 
 log = logging.getLogger(__name__)
-
-Partition = tuple[str, int]
 
 
 def expand(pattern: str) -> list[str]:
@@ -36,7 +35,7 @@ def count_rows(url: str, format: str) -> int:
 
 
 @dataclass
-class FileSourceReader:
+class FileSourceReader(EndsEarly):
     source: FileSource
     parallelism: int
     positions: dict[Partition, int] = field(default_factory=dict)
@@ -68,19 +67,6 @@ class FileSourceReader:
 
     def finished(self) -> bool:
         return all(self.positions[p] >= e for p, e in self.ends.items())
-
-    def end_here(self) -> dict[Partition, int]:
-        """Ends the input where reading stands (stop-with-savepoint ``--drain``): nothing
-        beyond is read. Returns the ends it replaced, for `resume`."""
-        before = dict(self.ends)
-        self.ends = {
-            p: min(self.ends.get(p, position), position) for p, position in self.positions.items()
-        }
-        return before
-
-    def resume(self, ends: dict[Partition, int]) -> None:
-        """Undoes `end_here` (the drain's savepoint failed before the input ended)."""
-        self.ends = ends
 
     def snapshot(
         self, subtask: int, positions: dict[Partition, int] | None = None

@@ -11,15 +11,14 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, TopicPartition
 
 from services.agent.job import KafkaSource
+from services.agent.sources import EndsEarly, Partition
 from services.common.kafka import consumer_config, true_end_offset
 
 log = logging.getLogger(__name__)
 
-Partition = tuple[str, int]
-
 
 @dataclass
-class KafkaSourceReader:
+class KafkaSourceReader(EndsEarly):
     source: KafkaSource
     bootstrap: str
     parallelism: int
@@ -94,19 +93,6 @@ class KafkaSourceReader:
 
     def finished(self) -> bool:
         return bool(self.ends) and all(self.positions[p] >= e for p, e in self.ends.items())
-
-    def end_here(self) -> dict[Partition, int]:
-        """Ends the input where reading stands (stop-with-savepoint ``--drain``): nothing
-        beyond is read. Returns the ends it replaced, for `resume`."""
-        before = dict(self.ends)
-        self.ends = {
-            p: min(self.ends.get(p, position), position) for p, position in self.positions.items()
-        }
-        return before
-
-    def resume(self, ends: dict[Partition, int]) -> None:
-        """Undoes `end_here` (the drain's savepoint failed before the input ended)."""
-        self.ends = ends
 
     def snapshot(
         self, subtask: int, positions: dict[Partition, int] | None = None
