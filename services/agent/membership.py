@@ -101,6 +101,9 @@ class Membership:
         self.attempt = 0
         self.owner_epoch = 0
         self.accepted = False
+        self.cancelled: CancelJob | None = None
+        """A cancellation read while registering (the job was restarting when it was asked
+        for): the runtime ends the job once registered."""
         self.registration: JobRegistered | None = None
         """The registration the coordinator accepted last."""
         self.superseded = False
@@ -133,6 +136,8 @@ class Membership:
                 self.owner_epoch = max(self.owner_epoch, response.owner_epoch)
                 self.confirmed_epoch = max(self.confirmed_epoch, self.owner_epoch)
                 self.accepted = True
+                if self.cancelled is not None and not self.hears(self.cancelled):
+                    self.cancelled = None  # not for this agent, or from a stale coordinator
                 return response
             reason = response.reason or "no reason given"
             if response.refusal == "ATTEMPT" and response.holder_attempt is not None:
@@ -170,6 +175,8 @@ class Membership:
         while not self.stopping.is_set():
             for record in control.poll(0.05, 100):
                 event = record.event
+                if record.key == self.job_id and isinstance(event, CancelJob):
+                    self.cancelled = event  # judged once the registration is accepted
                 if (
                     record.key == self.job_id
                     and isinstance(event, RegistrationResponse)
@@ -265,7 +272,13 @@ class Membership:
             | CancelJob,
         ):
             return False
-        if (event.agent_id, event.attempt) != (self.agent_id, self.attempt):
+        if isinstance(event, CancelJob):
+            # a cancellation of an earlier attempt of this agent still stands: the job was
+            # restarting when it was asked for, and the next attempt ends it
+            addressed = event.agent_id == self.agent_id and (event.attempt or 0) <= self.attempt
+        else:
+            addressed = (event.agent_id, event.attempt) == (self.agent_id, self.attempt)
+        if not addressed:
             return False
         if event.owner_epoch < self.owner_epoch:
             log.info("job %s: control event from an older coordinator epoch dropped", self.job_id)

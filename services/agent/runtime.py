@@ -275,6 +275,8 @@ class Agent(SubtaskCheckpointing):
         self.aborted_checkpoints: list[int] = []
         self.declined_checkpoints: list[int] = []
         self.on_round: Callable[[Agent], None] | None = None
+        self._control_resume: int | None = None
+        """Where the control topic was read up to when the job restarts in this process."""
         self.start_seconds = 0.0
         """How long the last start took: restore, Spark warm-up, source positions, registration."""
         self.handle_signals = False
@@ -486,7 +488,12 @@ class Agent(SubtaskCheckpointing):
         # restart keeps it (a transactional producer's initialisation costs half a second on
         # the embedded broker). One that failed a commit is closed and built anew, and so is an
         # at-least-once sink (it writes from the loop, whose failure may have been its own)
-        closing = [getattr(self, "control", None), getattr(self, "source", None)]
+        control = getattr(self, "control", None)
+        if control is not None:  # the next attempt reads on from here (a cancel sent meanwhile)
+            with contextlib.suppress(Exception):
+                where = TopicPartition(CONTROL.name(), self.partition)
+                self._control_resume = control.consumer.position([where])[0].offset
+        closing = [control, getattr(self, "source", None)]
         if not sink_sound:
             self.committer.close()
             closing.append(self.sink)
@@ -552,6 +559,10 @@ class Agent(SubtaskCheckpointing):
         if not self.membership.accepted or self.attempt != attempt:
             self._open_control()
             self._register(restored, attempt)
+            if self.membership.cancelled is not None:
+                log.info("job %s: cancelled while it restarted", self.job_id)
+                self.membership.cancelled = None
+                self.stopping.set()  # CANCELED at the top of the loop
         # accepted: this agent drives the job from here on
         self.membership.start_heartbeats()
         if restored is not None:
@@ -682,13 +693,17 @@ class Agent(SubtaskCheckpointing):
                     fs.rm(entry, recursive=True)
 
     def _open_control(self) -> None:
+        resume = self._control_resume
         consumer = make_consumer(self.options.bootstrap)
         topic = CONTROL.name()
         partitions = len(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
         self.partition = partition_of(self.job_id, partitions)
         _, high = end_offsets(consumer, topic)[self.partition]
+        start, self._control_resume = high, None
+        if resume is not None and 0 <= resume <= high:
+            start = resume  # a restart in this process: nothing sent since is missed
         self.control = EventSubscriber(consumer, self.codec)
-        self.control.assign([TopicPartition(topic, self.partition, high)])
+        self.control.assign([TopicPartition(topic, self.partition, start)])
 
     def _register(self, restored: Restored | None, attempt: int) -> None:
         def build(attempt: int) -> JobRegistered:
@@ -971,7 +986,7 @@ class Agent(SubtaskCheckpointing):
         if self.draining is not None:  # stop-with-savepoint --drain: its savepoint, now
             trigger, self.draining = self.draining.trigger, None
             log.info("job %s: drained; taking savepoint %d", self.job_id, trigger.checkpoint_id)
-            self._on_trigger(trigger)
+            self._on_trigger(trigger, drained=True)
             return
         log.info("job %s: end of input; asking for the final checkpoint", self.job_id)
         self._announce(JobStatus.RUNNING, end_of_input=True)

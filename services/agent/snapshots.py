@@ -170,14 +170,16 @@ class SubtaskCheckpointing:
     def _end(self, status: JobStatus) -> bool:
         raise NotImplementedError
 
-    def _on_trigger(self, trigger: TriggerCheckpoint) -> None:
+    def _on_trigger(self, trigger: TriggerCheckpoint, drained: bool = False) -> None:
+        """``drained``: a stop-with-savepoint ``--drain`` handled again now that its input has
+        ended (triggers with higher ids may have been handled meanwhile)."""
         checkpoint_id = trigger.checkpoint_id
-        if checkpoint_id <= self.highest_trigger:
+        if checkpoint_id <= self.highest_trigger and not drained:
             return  # read again, or older than the restored checkpoint
         if trigger.snapshot_type is SnapshotType.SAVEPOINT_TERMINATE and not self.end_of_input:
             self._drain(trigger)  # this trigger is handled again once the input has ended
             return
-        self.highest_trigger = checkpoint_id
+        self.highest_trigger = max(self.highest_trigger, checkpoint_id)
         pending = PendingSnapshot(trigger, time.monotonic(), final=self.end_of_input)
         not_ready = self.restoring.not_ready(self.channels)
         if not_ready is not None:  # recovering (services.agent.recovery): not counted as a failure

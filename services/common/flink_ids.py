@@ -37,7 +37,8 @@ def flink_job_id(job_id: str) -> str:
 
 def candidate_partitions(flink_id: str, partitions: int) -> list[int]:
     """The partitions a job named by ``flink_id`` may be keyed on: the one its last 8 digits
-    name (a derived JobID), then the one of the 32 digits taken as the job id itself."""
+    name (a derived JobID), then the one of the 32 digits taken, as written, as the job id
+    itself (a job id of 32 hex digits is its own JobID)."""
     derived = int(flink_id[24:], 16) % partitions
     literal = partition_of(flink_id, partitions)
     return [derived] if literal == derived else [derived, literal]

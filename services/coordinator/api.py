@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import Body, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -87,8 +88,17 @@ from services.coordinator.service import CoordinatorService
 from services.coordinator.writer import NotOwner
 
 HOP = "sparkpoint-hop"
-"""Query parameter of a redirect for a JobID this instance does not know: the instance it goes
-to answers 404 rather than redirect again (a JobID names one of two partitions)."""
+"""Query parameter of a redirect for a JobID this instance does not know: the partitions tried
+so far, which the instance it goes to does not send it on for again."""
+
+
+def hops(value: str | None) -> set[int]:
+    """The partitions a request was already sent on for (``1,3``); anything else: none."""
+    tried = set()
+    for part in (value or "").split(","):
+        if part.strip().isdigit() and len(part.strip()) < 10:
+            tried.add(int(part))
+    return tried
 
 
 class NotHere(Exception):
@@ -258,16 +268,22 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
     async def elsewhere(request: Request, exc: NotHere) -> Any:
         """A job owned by another instance: 307 to the same request there (method and body
         kept), or for Flink's clients, which follow no redirect, that instance's answer; 404
-        when no instance owns it. A JobID no instance knows is looked for at most one hop on."""
-        hopped = HOP in request.query_params or FORWARDED_HEADER in request.headers
-        owner = None if hopped and is_flink_id(exc.job_id) else service.owner_url(exc.job_id)
-        if owner is None:
+        when no instance owns it. A JobID this instance does not know names up to two
+        partitions: each hop says which were tried, so none is asked twice and none loops."""
+        tried = hops(request.query_params.get(HOP)) | hops(request.headers.get(FORWARDED_HEADER))
+        routed = service.route(exc.job_id, tried)
+        if routed is None:
             return error(404, f"Job {exc.job_id} not found")
+        owner, partition = routed
+        tried.add(partition)
+        query = "&".join(
+            f"{quote(k)}={quote(v)}" for k, v in request.query_params.multi_items() if k != HOP
+        )
         if FORWARD in request.scope:
-            return await forward(owner, request.scope, await request.body(), request.url.query)
-        query = request.url.query
+            return await forward(owner, request.scope, await request.body(), query, tried)
         if is_flink_id(exc.job_id):
-            query = f"{query}&{HOP}=1" if query else f"{HOP}=1"
+            hop = f"{HOP}={','.join(map(str, sorted(tried)))}"
+            query = f"{query}&{hop}" if query else hop
         query = f"?{query}" if query else ""
         return RedirectResponse(f"{owner}{request.url.path}{query}", status_code=307)
 
@@ -529,8 +545,8 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
     )
     async def checkpoint_status(jobid: str, triggerid: str) -> dict[str, Any]:
         request = service.requests.get(triggerid)
-        if request is None and jobid not in service.jobs:
-            raise NotHere(jobid)
+        if (request is None or request.job_id != jobid) and jobid not in service.jobs:
+            raise NotHere(jobid)  # the job's owner knows its requests
         if request is None or request.job_id != jobid or request.savepoint:
             raise HTTPException(404, f"No checkpoint request {triggerid} for job {jobid}")
         return trigger_status(request)
@@ -572,8 +588,8 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
     )
     async def savepoint_status(jobid: str, triggerid: str) -> dict[str, Any]:
         request = service.requests.get(triggerid)
-        if request is None and jobid not in service.jobs:
-            raise NotHere(jobid)
+        if (request is None or request.job_id != jobid) and jobid not in service.jobs:
+            raise NotHere(jobid)  # the job's owner knows its requests
         if request is None or request.job_id != jobid or not request.savepoint or request.disposal:
             raise HTTPException(404, f"No savepoint request {triggerid} for job {jobid}")
         return trigger_status(request)

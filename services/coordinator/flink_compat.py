@@ -41,9 +41,10 @@ DASHBOARD_PREFIX = "/flink"
 VERSION_PREFIX = "/v1"
 FORWARD = "sparkpoint.forward"
 """Scope key: the request came from a Flink client (versioned or dashboard path) and is
-forwarded, not redirected, to the owning instance; the value is the path it was sent to."""
+forwarded, not redirected, to the owning instance; the value is the path to forward it to (the
+versioned path, as sent, still percent-encoded)."""
 FORWARDED_HEADER = "x-sparkpoint-forwarded"
-"""Set on a forwarded request: the instance that receives it answers, never forwards again."""
+"""Set on a forwarded request: the partitions it was already sent on for."""
 
 
 class WebUiError(ValueError):
@@ -128,23 +129,26 @@ class FlinkPaths:
             parts[2] = self.service.resolve(parts[2])
             path = "/".join(parts)
         if path != sent or from_flink:
-            forwarded = any(k == FORWARDED_HEADER.encode() for k, _ in scope.get("headers", []))
+            raw = scope.get("raw_path") or sent.encode()
             scope = dict(scope, path=path, raw_path=quote(path).encode())
-            if from_flink and not forwarded:
-                scope[FORWARD] = sent
+            if from_flink:  # forwarded as sent (still encoded), as Flink's client sends it
+                prefix = DASHBOARD_PREFIX if not sent.startswith(VERSION_PREFIX) else VERSION_PREFIX
+                scope[FORWARD] = VERSION_PREFIX + raw.decode("latin-1")[len(prefix) :]
         await self.app(scope, receive, send)
 
 
-async def forward(owner: str, scope: Scope, body: bytes, query: str) -> Response:
+async def forward(owner: str, scope: Scope, body: bytes, query: str, tried: set[int]) -> Response:
     """The owning instance's answer to the same request, for a Flink client that cannot follow
-    a redirect; 503 in Flink's error shape when the owner cannot be reached."""
-    url = f"{owner}{scope[FORWARD]}" + (f"?{query}" if query else "")
+    a redirect; 503 in Flink's error shape when the owner cannot be reached. ``tried``: the
+    partitions the request was sent on for, this hop's included (the next instance tries no
+    other partition than those left)."""
+    url = httpx.URL(f"{owner}{scope[FORWARD]}" + (f"?{query}" if query else ""))
     headers = {
         k.decode("latin-1"): v.decode("latin-1")
         for k, v in scope.get("headers", [])
         if k.lower() in (b"content-type", b"accept", b"x-sparkpoint-principal", b"x-request-id")
     }
-    headers[FORWARDED_HEADER] = "1"
+    headers[FORWARDED_HEADER] = ",".join(map(str, sorted(tried)))
     try:
         async with httpx.AsyncClient(timeout=30) as client:
             answer = await client.request(scope["method"], url, content=body, headers=headers)
@@ -158,7 +162,8 @@ async def forward(owner: str, scope: Scope, body: bytes, query: str) -> Response
             media_type="application/json",
         )
     kind = answer.headers.get("content-type", "application/json")
-    return Response(answer.content, status_code=answer.status_code, media_type=kind)
+    kept = {"Location": answer.headers["location"]} if "location" in answer.headers else None
+    return Response(answer.content, status_code=answer.status_code, media_type=kind, headers=kept)
 
 
 def dashboard_config() -> dict[str, Any]:

@@ -35,7 +35,7 @@ import posixpath
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -486,18 +486,31 @@ class CoordinatorService:
     def owner_url(self, job_id: str) -> str | None:
         """The REST address of the instance that owns ``job_id`` (a job id, or a Flink JobID
         this instance does not know), when it is another one."""
+        routed = self.route(job_id)
+        return None if routed is None else routed[0]
+
+    def route(self, job_id: str, tried: Collection[int] = ()) -> tuple[str, int] | None:
+        """Where a request for ``job_id`` goes when this instance does not have the job: the
+        REST address of the instance owning the first of its partitions (one for a job id; for
+        a Flink JobID the one it names and the one of the text as a job id) that is not this
+        instance's and not ``tried`` already, and that partition; None when there is none."""
         if not self.partition_count:
             return None
         if is_flink_id(job_id) and job_id not in self.jobs:
-            candidates = candidate_partitions(job_id.lower(), self.partition_count)
+            candidates = candidate_partitions(job_id, self.partition_count)
         else:
             candidates = [partition_of(job_id, self.partition_count)]
         for partition in candidates:
-            if partition in self.writers:
+            if partition in self.writers or partition in tried:
                 continue
             owner = self.owners.get(partition)
-            if owner is not None and owner.instance_id != self.settings.instance_id:
-                return owner.rest_url or None  # an instance that announced no address
+            # an instance that announced no address is not asked
+            if (
+                owner is not None
+                and owner.instance_id != self.settings.instance_id
+                and owner.rest_url
+            ):
+                return owner.rest_url, partition
         return None
 
     def flink_id(self, job_id: str) -> str:

@@ -229,11 +229,15 @@ def take_savepoint_and_stop(
 
 
 def test_stop_with_drain_ends_the_input_fires_its_windows_and_a_restore_finds_it_finished(
-    coordinator: Running, spark: Any, topic: str, expected: list[Output]
+    coordinator: Running, kafka: KafkaUnderTest, spark: Any, expected: list[Output]
 ) -> None:
-    """``flink stop --drain``: an unbounded job's input ends where reading stands, the keyed
-    function's end-of-input hook fires every window, the savepoint holds the ended input, and
-    the job is FINISHED with exactly the reference of a bounded run over the same records."""
+    """``flink stop --drain``: an unbounded job's input ends where reading stands (records
+    written after are not read), the keyed function's end-of-input hook fires every window, the
+    savepoint holds the ended input, and the job is FINISHED with exactly the reference of a
+    bounded run over the records read. A savepoint asked for during the drain (a higher id)
+    neither loses the drain's savepoint nor ends the job early."""
+    topic = f"payments-{uuid.uuid4().hex[:8]}"
+    assert generate(kafka.bootstrap, topic, RECORDS) == RECORDS
     output, name = unique("stats"), unique("drain")
     job = build(name, topic, output, max_records=500, bounded=False)
     stopped: list[str] = []
@@ -244,18 +248,24 @@ def test_stop_with_drain_ends_the_input_fires_its_windows_and_a_restore_finds_it
             target = str(coordinator.root / "savepoints")
             body = {"targetDirectory": target, "drain": True}
             stopped.append(client.post(f"/v1/jobs/{job.id}/stop", json=body).json()["request-id"])
+            later = client.post(f"/jobs/{job.id}/savepoints", json={"target-directory": target})
+            stopped.append(later.json()["request-id"])
+            # written after the input ended: never read
+            assert generate(kafka.bootstrap, topic, 500, start_id=RECORDS) == 500
 
     agent = in_process(job, coordinator, spark)
     agent.on_round = drain_once_all_is_read
     assert agent.run() is JobStatus.FINISHED and stopped
-    answer = client.get(f"/jobs/{job.id}/savepoints/{stopped[0]}").json()
+    drained, later = (
+        client.get(f"/jobs/{job.id}/savepoints/{request}").json() for request in stopped
+    )
     client.close()
-    assert answer["status"]["id"] == "COMPLETED", answer
+    assert drained["status"]["id"] == later["status"]["id"] == "COMPLETED", (drained, later)
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
 
     status, again = run_in_process(
-        job, coordinator, spark, restore=str(answer["operation"]["location"])
+        job, coordinator, spark, restore=str(drained["operation"]["location"])
     )
     assert status is JobStatus.FINISHED and again.finished_before  # nothing left to do
     got = read_output(coordinator.bootstrap, output)

@@ -236,7 +236,9 @@ def test_flink_clients_get_the_owners_answer_others_a_redirect(
     owner = f"http://127.0.0.1:{server.server_address[1]}"
     elsewhere = flink_job_id("owned-elsewhere")
     monkeypatch.setattr(
-        coordinator.service, "owner_url", lambda job_id: owner if job_id == elsewhere else None
+        coordinator.service,
+        "route",
+        lambda job_id, tried=(): (owner, 1) if job_id == elsewhere and 1 not in tried else None,
     )
     try:
         with coordinator.client() as client:
@@ -254,7 +256,7 @@ def test_flink_clients_get_the_owners_answer_others_a_redirect(
             assert redirected.headers["location"] == (
                 f"{owner}/jobs/{elsewhere}/savepoints?sparkpoint-hop=1"
             )
-            # what a forwarded request or a redirect hop reaches: answered here, not sent on
+            # a forwarded request or a redirect hop that tried the only partition: answered here
             again = client.post(
                 f"/v1/jobs/{elsewhere}/savepoints", json=body, headers={FORWARDED: "1"}
             )
@@ -268,7 +270,9 @@ def test_flink_clients_get_the_owners_answer_others_a_redirect(
 def test_an_unreachable_owner_is_a_503_naming_it(
     coordinator: Running, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(coordinator.service, "owner_url", lambda job_id: "http://127.0.0.1:9")
+    monkeypatch.setattr(
+        coordinator.service, "route", lambda job_id, tried=(): ("http://127.0.0.1:9", 0)
+    )
     with httpx.Client(base_url=coordinator.url, timeout=40) as client:
         answer = client.get(f"/v1/jobs/{flink_job_id('gone')}")
     assert answer.status_code == 503 and "http://127.0.0.1:9" in answer.json()["errors"][0]

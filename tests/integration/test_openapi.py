@@ -173,14 +173,22 @@ def test_a_job_another_instance_owns_is_a_documented_307(
     declares a 307 answers it as declared (Location to the owner, nothing else)."""
     owner = "http://127.0.0.1:9"
     monkeypatch.setattr(
-        coordinator.service, "owner_url", lambda job_id: owner if job_id == "elsewhere" else None
+        coordinator.service,
+        "route",
+        lambda job_id, tried=(): (owner, 0) if job_id == "elsewhere" else None,
     )
     redirecting = []
     for result in api_schema.get_all_operations():
         operation = result.ok()
         if "307" not in operation.responses.status_codes or "{jobid}" not in operation.path:
             continue  # a disposal is redirected by the savepoint's job, read from storage
-        params = {name: "1" for name in ("checkpointid", "triggerid") if name in operation.path}
+        params = {
+            name: "1"
+            for name in ("checkpointid", "triggerid", "vertexid")
+            if name in operation.path
+        }
+        if "{what}" in operation.path:
+            params["what"] = "watermarks"
         with_body = operation.method.upper() == "PATCH" and operation.body  # the config update
         body = {} if with_body else NOT_SET
         case = operation.Case(path_parameters={"jobid": "elsewhere", **params}, body=body)
@@ -191,7 +199,7 @@ def test_a_job_another_instance_owns_is_a_documented_307(
         sent = urlsplit(response.request.url)
         assert response.headers["location"] == [f"{owner}{sent.path}"], operation.label
         redirecting.append(operation.label)
-    assert len(redirecting) == 15, redirecting
+    assert len(redirecting) == 16, redirecting
 
 
 # --- the declarations themselves ------------------------------------------------------------------
