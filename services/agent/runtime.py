@@ -559,10 +559,6 @@ class Agent(SubtaskCheckpointing):
         if not self.membership.accepted or self.attempt != attempt:
             self._open_control()
             self._register(restored, attempt)
-            if self.membership.cancelled is not None:
-                log.info("job %s: cancelled while it restarted", self.job_id)
-                self.membership.cancelled = None
-                self.stopping.set()  # CANCELED at the top of the loop
         # accepted: this agent drives the job from here on
         self.membership.start_heartbeats()
         if restored is not None:
@@ -722,6 +718,10 @@ class Agent(SubtaskCheckpointing):
             "job %s: registration accepted (attempt %d, next checkpoint id %s)",
             self.job_id, self.attempt, response.checkpoint_id_counter,
         )  # fmt: skip
+        if self.membership.cancelled is not None:
+            log.info("job %s: cancelled while it restarted", self.job_id)
+            self.membership.cancelled = None
+            self.stopping.set()  # CANCELED at the top of the loop
 
     def _announce(
         self,

@@ -102,7 +102,7 @@ def test_a_function_that_fails_once_restarts_the_job_and_the_output_is_exact(
     assert "in process" in entries[0]["stacktrace"].split("raised in a Spark task")[1]
     assert details["state"] == "FINISHED" and details["timestamps"]["RESTARTING"] > 0
     assert len(details["vertices"]) == 2 and details["sparkpoint"]["restarts"] == 1
-    assert [j["restarts"] for j in overview if j["jid"] == job.id] == [1]
+    assert [j["restarts"] for j in overview if j["sparkpoint"]["job_id"] == job.id] == [1]
 
 
 def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_restarts(
@@ -226,6 +226,35 @@ def take_savepoint_and_stop(
     answer = client.get(f"/jobs/{job.id}/savepoints/{stopped[0]}").json()
     client.close()
     return agent, str(answer["operation"]["location"])
+
+
+def test_a_cancel_while_the_job_waits_to_restart_ends_it_canceled_after_the_restart(
+    coordinator: Running, spark: Any, topic: str, tmp_path: Path
+) -> None:
+    """``flink cancel`` during a restart strategy's delay: the attempt it was addressed to is
+    gone, and the next attempt of the same agent reads it and ends the job CANCELED."""
+    slow = {
+        "restart-strategy.type": "fixed-delay",
+        "restart-strategy.fixed-delay.delay": "4s",
+        "restart-strategy.fixed-delay.attempts": "3",
+    }
+    job = build(unique("cancel"), topic, unique("stats"), 100, bounded=False, settings=slow)
+    job = replace(job, function=FailingOnce(RECORDS // 4, str(tmp_path / "failed")))
+    agent = in_process(job, coordinator, spark)
+    result: list[JobStatus] = []
+    thread = threading.Thread(target=lambda: result.append(agent.run()), daemon=True)
+    thread.start()
+    with coordinator.client() as client:
+        wait(
+            lambda: client.get(f"/jobs/{job.id}").json().get("state") == "RESTARTING",
+            60,
+            "RESTARTING",
+        )
+        cancelled = client.patch(f"/v1/jobs/{job.id}", params={"mode": "cancel"})
+        assert cancelled.status_code == 202, cancelled.text
+        thread.join(120)
+        assert result == [JobStatus.CANCELED] and agent.restarts == 1
+        wait(lambda: client.get(f"/jobs/{job.id}").json()["state"] == "CANCELED", 30, "CANCELED")
 
 
 def test_stop_with_drain_ends_the_input_fires_its_windows_and_a_restore_finds_it_finished(
