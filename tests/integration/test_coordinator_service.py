@@ -17,6 +17,7 @@ import pytest
 
 from services.common.avro import EventCodec
 from services.common.events import CheckpointFailureReason, CheckpointLifecycleEvent, ConfigChange
+from services.common.flink_ids import flink_job_id
 from services.common.kafka import (
     ConsumerProfile,
     EventSubscriber,
@@ -72,6 +73,7 @@ def test_periodic_checkpoints_complete_with_metadata(
     assert [s["status"] for s in details.json()["subtasks"]] == ["completed", "completed"]
     assert {
         "id": agent.job_id,
+        "jid": flink_job_id(agent.job_id),
         "name": f"scripted {agent.job_id}",
         "status": "RUNNING",
         "parallelism": 2,
