@@ -299,14 +299,22 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from services.client import call, rest_url, wait_for_trigger
 
     base = rest_url(args.rest)
-    request_id = call(base, "POST", f"/jobs/{args.job}/stop", {"targetDirectory": args.savepoint})[
-        "request-id"
-    ]
+    body = {"targetDirectory": args.savepoint, "drain": args.drain}
+    request_id = call(base, "POST", f"/jobs/{args.job}/stop", body)["request-id"]
     say(
         wait_for_trigger(base, f"/jobs/{args.job}/savepoints/{request_id}", args.timeout)[
             "location"
         ]
     )
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """As ``flink cancel``: the agent ends the job CANCELED (no savepoint)."""
+    from services.client import call, rest_url
+
+    call(rest_url(args.rest), "PATCH", f"/jobs/{args.job}?mode=cancel")
+    say(f"cancelled job {args.job}: its agent ends it CANCELED at the end of its current round")
     return EXIT_OK
 
 
@@ -351,7 +359,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from services import demo
+    from services.coordinator.flink_compat import WebUi, WebUiError
 
+    if args.flink_web_ui is not None:
+        try:
+            WebUi.load(args.flink_web_ui)  # checked here: the coordinator runs as a process
+        except (WebUiError, OSError) as exc:
+            print(f"sparkpoint: --flink-web-ui: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     demo.run(
         reachable(args.bootstrap) if args.bootstrap else None,
         args.partitions,
@@ -359,6 +374,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         say,
         args.rest_port,
         args.exchange,
+        args.flink_web_ui,
     )
     return EXIT_OK
 
@@ -477,6 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
         return command
 
     rest_command("jobs", "list jobs with their status").set_defaults(run=cmd_jobs)
+    cancel = rest_command("cancel", "cancel a job (as flink cancel): it ends CANCELED")
+    cancel.add_argument("job")
+    cancel.set_defaults(run=cmd_cancel)
     checkpoints = rest_command("checkpoints", "history and summary of a job's checkpoints")
     checkpoints.add_argument("job")
     checkpoints.set_defaults(run=cmd_checkpoints)
@@ -496,6 +515,12 @@ def build_parser() -> argparse.ArgumentParser:
             )
         if name == "stop":
             command.add_argument("--savepoint", metavar="TARGET_DIR")
+            command.add_argument(
+                "--drain",
+                action="store_true",
+                help="end the input first: everything read is processed and windows fire "
+                "(as flink stop --drain); the job is not meant to be resumed from it",
+            )
         command.add_argument(
             "--timeout", type=float, default=600.0, help="seconds to wait (default 600)"
         )
@@ -528,6 +553,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--partitions", type=positive_int, default=DEFAULT_PARTITIONS)
     demo.add_argument("--rest-port", type=port_number, default=8081)
     demo.add_argument("--once", action="store_true", help="stop after three completed checkpoints")
+    demo.add_argument(
+        "--flink-web-ui",
+        type=Path,
+        metavar="PATH",
+        help="the coordinator also serves Flink's web dashboard at /flink/ (a flink-dist jar or "
+        "its web/ folder)",
+    )
     demo.add_argument(
         "--exchange",
         action="store_true",

@@ -56,6 +56,7 @@ from services.common.events import (
     Subtask,
     TriggerCheckpoint,
 )
+from services.common.flink_ids import flink_job_id
 from services.common.kafka import (
     EventPublisher,
     Received,
@@ -269,6 +270,7 @@ def run(
     say: Say,
     rest_port: int = 8081,
     exchange: bool = False,
+    flink_web_ui: Path | None = None,
 ) -> None:
     codec = EventCodec()
     broker: EmbeddedBroker | None = None
@@ -288,14 +290,17 @@ def run(
                 wait_for_interrupt()
                 say("stopping")
             return
-        run_pipeline(bootstrap, rest_port, once, say)
+        run_pipeline(bootstrap, rest_port, once, say, flink_web_ui)
     finally:
         if broker is not None:
             broker.stop()
 
 
-def run_pipeline(bootstrap: str, rest_port: int, once: bool, say: Say) -> None:
-    """Coordinator, generator and agent as processes; follows the checkpoints over REST."""
+def run_pipeline(
+    bootstrap: str, rest_port: int, once: bool, say: Say, flink_web_ui: Path | None = None
+) -> None:
+    """Coordinator, generator and agent as processes; follows the checkpoints over REST.
+    ``flink_web_ui``: the coordinator also serves Flink's dashboard from it, at /flink/."""
     from services.agent.example import example_job
     from services.client import call
 
@@ -332,6 +337,7 @@ def run_pipeline(bootstrap: str, rest_port: int, once: bool, say: Say) -> None:
             str(rest_port),
             "--config",
             str(config),
+            *(["--flink-web-ui", str(flink_web_ui)] if flink_web_ui is not None else []),
         )
         start("generator", "generate", "--bootstrap", bootstrap, "--rate", str(GENERATOR_RATE))
         start(
@@ -344,8 +350,13 @@ def run_pipeline(bootstrap: str, rest_port: int, once: bool, say: Say) -> None:
             str(checkpoints),
         )
         say(f"coordinator: {url}  (dashboard: {url}/ , REST: {url}/jobs)")
+        if flink_web_ui is not None:
+            say(f"Flink's web dashboard: {url}/flink/")
         say(f"generator: {GENERATOR_RATE} payments/s to topic payments")
-        say(f"agent: job {job.id} on Spark local[*], checkpoints every 3 s under {checkpoints}")
+        say(
+            f"agent: job {job.id} (Flink JobID {flink_job_id(job.id)}) on Spark local[*], "
+            f"checkpoints every 3 s under {checkpoints}"
+        )
         say(f"logs: {root}/{{coordinator,generator,agent}}.log")
         say(
             f"try: sparkpoint checkpoints {job.id} --rest {url}   |   sparkpoint savepoint {job.id} --rest {url}"

@@ -102,6 +102,17 @@ def test_bad_usage_exits_2() -> None:
     assert "--partitions" in result.stderr
 
 
+@pytest.mark.parametrize("command", ["coordinator", "demo"])
+def test_a_flink_web_ui_that_holds_no_dashboard_is_refused_before_anything_starts(
+    command: str, tmp_path: Path
+) -> None:
+    (tmp_path / "not-a-jar.jar").write_text("nothing")
+    for given in (tmp_path / "missing.jar", tmp_path / "not-a-jar.jar", tmp_path):
+        result = sparkpoint(command, "--flink-web-ui", str(given), timeout=30)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr.startswith("sparkpoint: --flink-web-ui: "), result.stderr
+
+
 def test_an_unreachable_broker_is_one_clear_line_and_exit_1() -> None:
     result = sparkpoint("topics", "create", "--bootstrap", f"127.0.0.1:{free_port()}")
 

@@ -287,3 +287,44 @@ def test_sparkpoint_jobs_shows_the_job_id_and_the_flink_job_id(
     lines = capsys.readouterr().out.splitlines()
     assert "Flink JobID" in lines[0]
     assert any(line.split()[:2] == [job.job_id, flink_job_id(job.job_id)] for line in lines[1:])
+
+
+def test_sparkpoint_cancel_cancels_as_flink_cancel_does(
+    coordinator: Running, codec: EventCodec, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.cli import main
+
+    agent = coordinator.agent(codec, end_on_cancel=True)
+    try:
+        assert main(["cancel", flink_job_id(agent.job_id), "--rest", coordinator.url]) == 0
+        assert "CANCELED" in capsys.readouterr().out
+        agent.wait_for(lambda: len(agent.cancels) == 1, what="the cancellation")
+        wait(lambda: agent.job_id in coordinator.service.ended, what="the job ended")
+        assert coordinator.service.ended[agent.job_id].status is JobStatus.CANCELED
+        assert main(["cancel", agent.job_id, "--rest", coordinator.url]) == 1  # 409: ended
+        assert "already reached another terminal state" in capsys.readouterr().err
+    finally:
+        agent.stop()
+
+
+@pytest.mark.parametrize(
+    ("drain", "kind"), [(False, "SAVEPOINT_SUSPEND"), (True, "SAVEPOINT_TERMINATE")]
+)
+def test_sparkpoint_stop_suspends_or_with_drain_terminates_as_flink_stop(
+    coordinator: Running,
+    codec: EventCodec,
+    capsys: pytest.CaptureFixture[str],
+    drain: bool,
+    kind: str,
+) -> None:
+    from services.cli import main
+
+    agent = coordinator.agent(codec)
+    try:
+        argv = ["stop", flink_job_id(agent.job_id), "--rest", coordinator.url, "--timeout", "60"]
+        assert main(argv + (["--drain"] if drain else [])) == 0
+        trigger = agent.triggers[-1]  # acknowledged, so heard before the stop completed
+        assert trigger.snapshot_type.name == kind
+        assert capsys.readouterr().out.strip() == trigger.target_location
+    finally:
+        agent.stop()
