@@ -15,8 +15,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import mimetypes
+import weakref
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +139,21 @@ class FlinkPaths:
         await self.app(scope, receive, send)
 
 
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _client() -> httpx.AsyncClient:
+    """One client per event loop, kept: a new one loads the CA bundle (about 30 ms a request,
+    measured by bench/flink_rest.py) and opens a new connection."""
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None:
+        client = _clients[loop] = httpx.AsyncClient(timeout=30)
+    return client
+
+
 async def forward(owner: str, scope: Scope, body: bytes, query: str, tried: set[int]) -> Response:
     """The owning instance's answer to the same request, for a Flink client that cannot follow
     a redirect; 503 in Flink's error shape when the owner cannot be reached. ``tried``: the
@@ -150,8 +167,7 @@ async def forward(owner: str, scope: Scope, body: bytes, query: str, tried: set[
     }
     headers[FORWARDED_HEADER] = ",".join(map(str, sorted(tried)))
     try:
-        async with httpx.AsyncClient(timeout=30) as client:
-            answer = await client.request(scope["method"], url, content=body, headers=headers)
+        answer = await _client().request(scope["method"], url, content=body, headers=headers)
     except httpx.HTTPError as exc:
         log.warning(
             "forwarding %s %s to %s failed: %s", scope["method"], scope[FORWARD], owner, exc
