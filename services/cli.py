@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 
@@ -21,6 +22,9 @@ from services.common.kafka import bootstrap_servers, make_admin
 from services.common.options import parse_memory
 from services.common.settings import ConfigError
 from services.common.topics import DEFAULT_PARTITIONS, TopicMismatch
+
+if TYPE_CHECKING:
+    from services.coordinator.flink_compat import WebUi
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -150,15 +154,24 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_coordinator(args: argparse.Namespace) -> int:
+def load_web_ui(path: Path | None) -> WebUi | int | None:
+    """Flink's dashboard from ``--flink-web-ui``, None without one, or `EXIT_USAGE` (said on
+    stderr) when the path holds none."""
     from services.coordinator.flink_compat import WebUi, WebUiError
-    from services.coordinator.main import run
 
     try:
-        web_ui = WebUi.load(args.flink_web_ui) if args.flink_web_ui is not None else None
+        return WebUi.load(path) if path is not None else None
     except (WebUiError, OSError) as exc:
         print(f"sparkpoint: --flink-web-ui: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from services.coordinator.main import run
+
+    web_ui = load_web_ui(args.flink_web_ui)
+    if isinstance(web_ui, int):
+        return web_ui
     run(
         with_topics(reachable(args.bootstrap)),
         args.rest_host,
@@ -359,14 +372,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from services import demo
-    from services.coordinator.flink_compat import WebUi, WebUiError
 
-    if args.flink_web_ui is not None:
-        try:
-            WebUi.load(args.flink_web_ui)  # checked here: the coordinator runs as a process
-        except (WebUiError, OSError) as exc:
-            print(f"sparkpoint: --flink-web-ui: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+    if isinstance(load_web_ui(args.flink_web_ui), int):  # checked here: the coordinator
+        return EXIT_USAGE  # runs as a process of its own
     demo.run(
         reachable(args.bootstrap) if args.bootstrap else None,
         args.partitions,

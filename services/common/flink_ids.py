@@ -14,6 +14,7 @@ failover, with nothing to store:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -27,8 +28,9 @@ def is_flink_id(text: str) -> bool:
     return _FLINK_ID.fullmatch(text) is not None
 
 
+@functools.lru_cache(maxsize=65_536)
 def flink_job_id(job_id: str) -> str:
-    """The JobID Flink's tools use for ``job_id``."""
+    """The JobID Flink's tools use for ``job_id`` (computed once per job id, then cached)."""
     if is_flink_id(job_id):
         return job_id.lower()
     digest = hashlib.md5(f"sparkpoint-job/{job_id}".encode(), usedforsecurity=False).hexdigest()

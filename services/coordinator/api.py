@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 from starlette.exceptions import HTTPException
 
 from services.common.events import SavepointFormat
-from services.common.flink_ids import is_flink_id
+from services.common.flink_ids import flink_job_id, is_flink_id
 from services.common.limits import MAX_TEXT
 from services.common.metadata import BadMetadata, SnapshotMetadata
 from services.common.settings import CheckpointConfig, ConfigError
@@ -287,6 +287,10 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
         query = f"?{query}" if query else ""
         return RedirectResponse(f"{owner}{request.url.path}{query}", status_code=307)
 
+    @app.exception_handler(TriggerIdInUse)
+    async def trigger_id_in_use(request: Request, exc: TriggerIdInUse) -> JSONResponse:
+        return error(400, f"triggerId: {exc.trigger_id} names another operation")
+
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return error(exc.status_code, str(exc.detail))
@@ -315,6 +319,10 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
             return error(400, f"{field}: not a usable path ({exc})")
         return None
 
+    def every_job() -> list[OwnedJob]:
+        """The jobs this instance runs, then those that ended here."""
+        return [*service.jobs.values(), *service.ended.values()]
+
     def known(job_id: str) -> OwnedJob:
         """A running job, or one that ended here: its statistics stay readable, as Flink keeps
         a finished job's checkpoint history."""
@@ -324,18 +332,17 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
     @app.get("/jobs", response_model=None, responses=answers(JobList))
     async def jobs() -> dict[str, Any]:
         listed = [
-            {"id": job.job_id, "jid": service.flink_id(job.job_id),
+            {"id": job.job_id, "jid": flink_job_id(job.job_id),
              "name": job.registration.job_name, "status": job.status.name,
              "parallelism": job.registration.parallelism, "restarts": job.history.restarts}
-            for job in [*service.jobs.values(), *service.ended.values()]
+            for job in every_job()
         ]  # fmt: skip
         return {"jobs": listed}
 
     @app.get("/jobs/overview", response_model=None, responses=answers(JobsOverview))
     async def jobs_overview() -> dict[str, Any]:
         now = service.clock.now_ms()
-        every = [*service.jobs.values(), *service.ended.values()]
-        return {"jobs": [job_views.overview(job, now) for job in every]}
+        return {"jobs": [job_views.overview(job, now) for job in every_job()]}
 
     @app.get("/config", response_model=None, responses=answers(DashboardConfig))
     async def flink_config() -> dict[str, Any]:
@@ -343,14 +350,12 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
 
     @app.get("/overview", response_model=None, responses=answers(ClusterOverview))
     async def cluster() -> dict[str, Any]:
-        every = [*service.jobs.values(), *service.ended.values()]
-        return cluster_overview([job.status.name for job in every])
+        return cluster_overview([job.status.name for job in every_job()])
 
     @app.get("/applications/overview", response_model=None, responses=answers(Applications))
     async def applications() -> dict[str, Any]:
         now = service.clock.now_ms()
-        every = [*service.jobs.values(), *service.ended.values()]
-        return {"applications": [job_views.application(job, now) for job in every]}
+        return {"applications": [job_views.application(job, now) for job in every_job()]}
 
     @app.get(
         "/jobs/{jobid}/vertices/{vertexid}/{what:path}",
@@ -530,12 +535,9 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
         if kind not in ("CONFIGURED", "FULL", "INCREMENTAL"):
             return error(400, "checkpointType: must be CONFIGURED, FULL or INCREMENTAL")
         trigger_id = (body or CheckpointTriggerBody()).triggerId
-        try:
-            request = service.trigger(
-                jobid, savepoint=False, full=kind == "FULL", trigger_id=trigger_id
-            )
-        except TriggerIdInUse as exc:
-            return error(400, f"triggerId: {exc.trigger_id} names another operation")
+        request = service.trigger(
+            jobid, savepoint=False, full=kind == "FULL", trigger_id=trigger_id
+        )
         return {"request-id": request.request_id}
 
     @app.get(
@@ -577,8 +579,6 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
             )
         except PathOutsideRoots as exc:
             return error(400, f"target-directory: {exc}")
-        except TriggerIdInUse as exc:
-            return error(400, f"triggerId: {exc.trigger_id} names another operation")
         return {"request-id": request.request_id}
 
     @app.get(
@@ -688,8 +688,6 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
             )
         except PathOutsideRoots as exc:
             return error(400, f"targetDirectory: {exc}")
-        except TriggerIdInUse as exc:
-            return error(400, f"triggerId: {exc.trigger_id} names another operation")
         return {"request-id": request.request_id}
 
     @app.get("/metrics", response_class=PlainTextResponse)

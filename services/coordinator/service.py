@@ -190,7 +190,6 @@ class CoordinatorService:
         self.jobs: dict[str, OwnedJob] = {}
         self.requests: dict[str, TriggerRequest] = {}
         self.ended: dict[str, OwnedJob] = {}
-        self._flink_ids: dict[str, str] = {}
         self.writers: dict[int, PartitionWriter] = {}
         self.epochs: dict[int, int] = {}
         self.malformed = 0
@@ -513,13 +512,6 @@ class CoordinatorService:
                 return owner.rest_url, partition
         return None
 
-    def flink_id(self, job_id: str) -> str:
-        """The job's Flink JobID (`services.common.flink_ids`), computed once per job id."""
-        known = self._flink_ids.get(job_id)
-        if known is None:
-            known = self._flink_ids[job_id] = flink_job_id(job_id)
-        return known
-
     def resolve(self, name: str) -> str:
         """The job id named by ``name``: a job id, or the Flink JobID of a job running or ended
         here. Anything else comes back as it is (the caller finds no such job)."""
@@ -527,7 +519,7 @@ class CoordinatorService:
             return name
         wanted = name.lower()
         for job_id in (*self.jobs, *self.ended):
-            if self.flink_id(job_id) == wanted:
+            if flink_job_id(job_id) == wanted:
                 return job_id
         return name
 
