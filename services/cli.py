@@ -179,7 +179,22 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         args.config,
         args.advertised_rest_url,
         web_ui,
+        args.history_url,
     )
+    return EXIT_OK
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from services.history.app import HistorySettings, run
+
+    settings = HistorySettings(
+        with_topics(reachable(args.bootstrap)),
+        args.rest_host,
+        args.rest_port,
+        args.group,
+        args.checkpoint_history,
+    )
+    run(settings, say)
     return EXIT_OK
 
 
@@ -429,7 +444,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Flink's web dashboard at /flink/ from a flink-dist jar "
         "(pyflink/lib/flink-dist-*.jar) or its unpacked web/ folder",
     )
+    coordinator.add_argument(
+        "--history-url",
+        metavar="URL",
+        help="the history service (sparkpoint history): checkpoint statistics from before this "
+        "instance owned a job are added from it",
+    )
     coordinator.set_defaults(run=cmd_coordinator)
+
+    history = commands.add_parser(
+        "history", help="run the history service: every job's history, kept across failovers"
+    )
+    add_bootstrap(history)
+    history.add_argument("--rest-host", default="127.0.0.1")
+    history.add_argument("--rest-port", type=port_number, default=8082)
+    history.add_argument(
+        "--group", help="consumer group and table prefix (default: <topic prefix>history)"
+    )
+    history.add_argument(
+        "--checkpoint-history",
+        type=positive_int,
+        default=50,
+        help="checkpoints listed in detail per job (min/max/avg count them all)",
+    )
+    history.set_defaults(run=cmd_history)
 
     agent = commands.add_parser(
         "agent", help="run the agent of a job (module:attribute, a .py file, or `example`)"

@@ -53,7 +53,10 @@ def wait(condition: object, timeout_s: float = 30.0, what: str = "condition") ->
 
 
 def coordinator_in_thread(
-    kafka: KafkaUnderTest, tmp_path: Path, web_ui: WebUi | None = None
+    kafka: KafkaUnderTest,
+    tmp_path: Path,
+    web_ui: WebUi | None = None,
+    history_url: str | None = None,
 ) -> Iterator[Running]:
     """A coordinator service (REST on a free port) in a thread, on the current topic prefix."""
     create_topics(make_admin(kafka.bootstrap), partitions=2)
@@ -62,7 +65,12 @@ def coordinator_in_thread(
     )
     port = free_port()
     service = CoordinatorService(
-        ServiceSettings(kafka.bootstrap, defaults, rest_url=f"http://127.0.0.1:{port}")
+        ServiceSettings(
+            kafka.bootstrap,
+            defaults,
+            rest_url=f"http://127.0.0.1:{port}",
+            history_url=history_url,
+        )
     )
     thread = threading.Thread(
         target=lambda: asyncio.run(serve(service, "127.0.0.1", port, web_ui)), daemon=True

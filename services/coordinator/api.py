@@ -29,6 +29,7 @@ from services.common.metadata import BadMetadata, SnapshotMetadata
 from services.common.settings import CheckpointConfig, ConfigError
 from services.common.storage import PathOutsideRoots
 from services.coordinator import job_views
+from services.coordinator.earlier import earlier_statistics, merge
 from services.coordinator.flink_compat import (
     FORWARD,
     FORWARDED_HEADER,
@@ -37,6 +38,7 @@ from services.coordinator.flink_compat import (
     cluster_overview,
     dashboard_config,
     forward,
+    http_client,
 )
 from services.coordinator.owned import (
     DisposalRefused,
@@ -520,7 +522,13 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
         responses=answers(CheckpointingStatistics, ELSEWHERE, NO_JOB),
     )
     async def checkpoints(jobid: str) -> dict[str, Any]:
-        return known(jobid).core.stats.to_json()
+        core = known(jobid).core
+        own = core.stats.to_json()
+        history_url = service.settings.history_url
+        if history_url is None:
+            return own
+        earlier = await earlier_statistics(http_client(), history_url, jobid, core.owner_epoch)
+        return own if earlier is None else merge(own, earlier, core.stats.history_size)
 
     @app.post(
         "/jobs/{jobid}/checkpoints",

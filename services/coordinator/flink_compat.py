@@ -144,7 +144,7 @@ _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient
 )
 
 
-def _client() -> httpx.AsyncClient:
+def http_client() -> httpx.AsyncClient:
     """One client per event loop, kept: a new one loads the CA bundle (about 30 ms a request,
     measured by bench/flink_rest.py) and opens a new connection."""
     loop = asyncio.get_running_loop()
@@ -167,7 +167,7 @@ async def forward(owner: str, scope: Scope, body: bytes, query: str, tried: set[
     }
     headers[FORWARDED_HEADER] = ",".join(map(str, sorted(tried)))
     try:
-        answer = await _client().request(scope["method"], url, content=body, headers=headers)
+        answer = await http_client().request(scope["method"], url, content=body, headers=headers)
     except httpx.HTTPError as exc:
         log.warning(
             "forwarding %s %s to %s failed: %s", scope["method"], scope[FORWARD], owner, exc

@@ -89,6 +89,7 @@ def run(
     config_file: Path | None,
     advertised: str | None = None,
     web_ui: WebUi | None = None,
+    history_url: str | None = None,
 ) -> None:
     defaults = load_defaults(config_file)
     defaults = dataclasses.replace(
@@ -97,7 +98,10 @@ def run(
         savepoint_dir=absolute(defaults.savepoint_dir),
     )
     settings = ServiceSettings(
-        bootstrap, defaults, rest_url=advertised_url(rest_host, rest_port, advertised)
+        bootstrap,
+        defaults,
+        rest_url=advertised_url(rest_host, rest_port, advertised),
+        history_url=history_url,
     )
     print(
         f"coordinator {settings.instance_id}: REST at http://{rest_host}:{rest_port} "

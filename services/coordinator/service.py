@@ -175,6 +175,9 @@ class ServiceSettings:
     defaults: CheckpointConfig = field(default_factory=CheckpointConfig)
     instance_id: str = field(default_factory=lambda: f"coordinator-{uuid.uuid4().hex[:8]}")
     rest_url: str = ""
+    history_url: str | None = None
+    """The history service (`sparkpoint history`): checkpoint statistics from before this
+    instance owned a job are added from it (`services.coordinator.earlier`)."""
 
     def roots(self) -> list[str]:
         """The storage roots: every path the coordinator writes or deletes lies inside one."""

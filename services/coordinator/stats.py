@@ -230,6 +230,10 @@ class CheckpointStatsTracker:
         self.latest_restored: RestoredCheckpoint | None = None
 
     @property
+    def history_size(self) -> int:
+        return self._history.maxlen or HISTORY_SIZE
+
+    @property
     def in_progress(self) -> int:
         return len(self._in_progress)
 

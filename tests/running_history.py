@@ -1,0 +1,85 @@
+"""The history service as a process of its own (`sparkpoint history`), started, killed and
+restarted as in production, on the current topic prefix."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from services.common.broker import free_port
+
+SPARKPOINT = str(Path(sys.executable).parent / "sparkpoint")
+
+
+@dataclass
+class HistoryProcess:
+    bootstrap: str
+    log_dir: Path
+    group: str = field(default_factory=lambda: f"history-{uuid.uuid4().hex[:8]}")
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> HistoryProcess:
+        self.starts += 1
+        log = open(self.log_dir / f"history-{self.starts}.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [SPARKPOINT, "history", "--bootstrap", self.bootstrap, "--rest-port", str(self.port),
+             "--group", self.group],
+            env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        return self
+
+    def status(self) -> dict[str, Any] | None:
+        try:
+            answer = httpx.get(f"{self.url}/history/status", timeout=2)
+        except httpx.HTTPError:
+            return None
+        return answer.json() if answer.status_code == 200 else None
+
+    def wait_ready(self, timeout_s: float = 60.0) -> float:
+        """Seconds from now until the service answers ready."""
+        began = time.monotonic()
+        while time.monotonic() - began < timeout_s:
+            if self.process is not None and self.process.poll() is not None:
+                raise AssertionError(f"the history service exited: {self.log()}")
+            status = self.status()
+            if status is not None and status["ready"]:
+                return time.monotonic() - began
+            time.sleep(0.05)
+        raise AssertionError(
+            f"the history service was not ready within {timeout_s} s: {self.log()}"
+        )
+
+    def get(self, path: str, **params: object) -> httpx.Response:
+        return httpx.get(f"{self.url}{path}", params=params, timeout=10)  # type: ignore[arg-type]
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return (self.log_dir / f"history-{self.starts}.log").read_text(errors="replace")[-3000:]
