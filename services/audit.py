@@ -1,6 +1,10 @@
-"""`sparkpoint audit`: replays the audit topics (configuration changes and checkpoint lifecycle)
-to the end offsets taken at start, and tells who changed what when, and what became of each
-checkpoint."""
+"""`sparkpoint audit`: who changed what when, and what became of each checkpoint.
+
+When the history service (`sparkpoint history`) answers, the story comes from it, at once: every
+configuration change, and each job's kept checkpoints (the last 50 by default) with the counts of
+all. Otherwise, or with ``--replay``, the audit topics (configuration changes and checkpoint
+lifecycle) are replayed to the end offsets taken at start: every event, at the cost of reading
+them all. ``--follow`` then goes on printing events as they are written, until interrupted."""
 
 from __future__ import annotations
 
@@ -10,6 +14,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
+
+import httpx
+from confluent_kafka import TopicPartition
 
 from services.common.avro import EventCodec
 from services.common.events import (
@@ -19,13 +27,19 @@ from services.common.events import (
     Event,
 )
 from services.common.kafka import (
+    EventSubscriber,
     Malformed,
+    end_offsets,
+    make_consumer,
     replay_topic,
 )
 from services.common.settings import REST_FIELDS, parse_duration
 from services.common.topics import CHECKPOINT_EVENTS, CONFIG_CHANGES
 
 log = logging.getLogger(__name__)
+
+HISTORY_TIMEOUT_S = 1.0
+"""How long `audit` waits for the history service before replaying the topics instead."""
 
 FINAL = {
     CheckpointEventType.COMPLETED,
@@ -177,10 +191,25 @@ def render(
     return lines
 
 
-def run(bootstrap: str, job_id: str | None, since: str | None, as_json: bool, say: Any) -> int:
+def run(
+    bootstrap: str,
+    job_id: str | None,
+    since: str | None,
+    as_json: bool,
+    say: Any,
+    history_url: str | None = None,
+) -> int:
+    """Prints the story: from the history service at ``history_url`` when given, else from a
+    replay of the topics. Returns the number of entries printed."""
+    since_ms = parse_since(since, int(time.time() * 1000))
+    if history_url is not None:
+        selected = from_history(history_url, job_id, since_ms)
+        log.info("from the history service at %s (--replay reads every event)", history_url)
+        for line in render(selected, {}, as_json):
+            say(line)
+        return len(selected)
     codec = EventCodec()
     malformed: list[Malformed] = []
-    since_ms = parse_since(since, int(time.time() * 1000))
     events = read_audit(bootstrap, codec, malformed.append)
     selected = entries(events, job_id, since_ms)
     checkpoint_fates = {} if as_json else fates([e for e in events if _after(e, since_ms)], job_id)
@@ -195,6 +224,99 @@ def run(bootstrap: str, job_id: str | None, since: str | None, as_json: bool, sa
             bad.reason,
         )
     return len(selected)
+
+
+# --- from the history service -----------------------------------------------------------------
+
+
+def history_answers(url: str) -> bool:
+    try:
+        answer = httpx.get(f"{url.rstrip('/')}/history/status", timeout=HISTORY_TIMEOUT_S)
+    except httpx.HTTPError:
+        return False
+    return answer.status_code == 200 and bool(answer.json().get("ready"))
+
+
+def from_history(url: str, job_id: str | None, since_ms: int | None) -> list[Entry]:
+    """The entries the history service keeps, as a replay would list them."""
+    base = url.rstrip("/")
+    with httpx.Client(base_url=base, timeout=30) as client:
+        if job_id is None:
+            jobs = [j["sparkpoint.job_id"] for j in client.get("/jobs/overview").json()["jobs"]]
+        else:
+            jobs = [job_id]
+        selected: list[Entry] = []
+        for job in jobs:
+            answer = client.get(f"/jobs/{quote(job, safe='')}/history")
+            if answer.status_code == 404:
+                continue
+            answer.raise_for_status()
+            selected.extend(_history_entries(answer.json()))
+    return sorted(
+        (e for e in selected if since_ms is None or e.timestamp_ms >= since_ms),
+        key=lambda e: e.timestamp_ms,
+    )
+
+
+def _history_entries(doc: dict[str, Any]) -> list[Entry]:
+    job = doc["job_id"]
+    out = []
+    for change in doc["config_changes"]:
+        parts = [
+            f"{name} {change['old'].get(REST_FIELDS[name])} -> {change['new'].get(REST_FIELDS[name])}"
+            for name in change["changed_fields"]
+            if name in REST_FIELDS
+        ]
+        text = (
+            f"{change['principal']} changed {', '.join(parts)} "
+            f"(request {change['request_id']}, override v{change['override_version']})"
+        )
+        record = {"type": "ConfigChange", "job_id": job} | change
+        out.append(Entry(change["changed_at"], job, "config", text, record))
+    for entry in doc["history"]:
+        kind = "savepoint" if entry["is_savepoint"] else "checkpoint"
+        status = entry["status"]
+        text = f"{kind} {entry['id']} {status}"
+        at = entry["trigger_timestamp"]
+        if status == "COMPLETED":
+            at = entry["latest_ack_timestamp"]
+            text += f" after {entry['end_to_end_duration']} ms at {entry['external_path']}"
+            if entry.get("discarded"):
+                text += ", later discarded"
+        elif status == "FAILED":
+            at = entry.get("failure_timestamp", at)
+            text += f" after {entry['end_to_end_duration']} ms: {entry.get('failure_message')}"
+        record = {"type": "CheckpointStatistics", "job_id": job} | entry
+        out.append(Entry(at, job, "checkpoint", text, record))
+    return out
+
+
+# --- following ---------------------------------------------------------------------------------
+
+
+def follow(
+    bootstrap: str, job_id: str | None, as_json: bool, say: Any, stop: Any = lambda: False
+) -> None:
+    """Prints audit events as they are written, from now on, until ``stop()`` or Ctrl-C."""
+    codec = EventCodec()
+    consumer = make_consumer(bootstrap)
+    subscriber = EventSubscriber(consumer, codec)
+    started_ms = int(time.time() * 1000)
+    assignment = []
+    for topic in (CONFIG_CHANGES.name(), CHECKPOINT_EVENTS.name()):
+        for partition, (_, high) in end_offsets(consumer, topic).items():
+            assignment.append(TopicPartition(topic, partition, high))
+    subscriber.assign(assignment)
+    try:
+        while not stop():
+            events = [r.event for r in subscriber.poll(0.5) if r.event is not None]
+            # the embedded broker's end offset may point into the last batch: what was
+            # written before we started is not news
+            fresh = [e for e in events if _after(e, started_ms)]
+            for line in render(entries(fresh, job_id), {}, as_json):
+                say(line)
+    finally:
+        subscriber.close()
 
 
 def _after(event: Event, since_ms: int | None) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,8 @@ from services.common.topics import DEFAULT_PARTITIONS, TopicMismatch
 
 if TYPE_CHECKING:
     from services.coordinator.flink_compat import WebUi
+
+DEFAULT_HISTORY_URL = "http://127.0.0.1:8082"
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -378,10 +381,19 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     from services import audit
 
+    history_url = args.history or os.environ.get("SPARKPOINT_HISTORY_URL", DEFAULT_HISTORY_URL)
     try:
-        audit.run(reachable(args.bootstrap), args.job, args.since, args.json, say)
+        if not args.replay and audit.history_answers(history_url):
+            audit.run(bootstrap_servers(args.bootstrap), args.job, args.since, args.json, say,
+                      history_url)  # fmt: skip
+        else:
+            audit.run(reachable(args.bootstrap), args.job, args.since, args.json, say)
+        if args.follow:
+            audit.follow(reachable(args.bootstrap), args.job, args.json, say)
     except ValueError as exc:
         raise OperationFailed(str(exc)) from None
+    except KeyboardInterrupt:
+        pass  # how --follow ends
     return EXIT_OK
 
 
@@ -592,6 +604,20 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("job", nargs="?")
     audit.add_argument("--since", help="a duration ago (10min) or an ISO time")
     audit.add_argument("--json", action="store_true", help="one JSON object per line")
+    audit.add_argument(
+        "--history",
+        metavar="URL",
+        help="the history service to read from (default: $SPARKPOINT_HISTORY_URL, else "
+        f"{DEFAULT_HISTORY_URL}); the topics are replayed when it does not answer",
+    )
+    audit.add_argument(
+        "--replay", action="store_true", help="replay every event from the topics instead"
+    )
+    audit.add_argument(
+        "--follow",
+        action="store_true",
+        help="then go on printing events as they are written, until Ctrl-C",
+    )
     audit.set_defaults(run=cmd_audit)
 
     demo = commands.add_parser("demo", help="what `make run` runs: everything embedded")

@@ -43,6 +43,12 @@ written once per batch, and the history lags the topics by at most that much plu
 
 SOURCES = (JOBS, CHECKPOINT_EVENTS, CONFIG_CHANGES)
 
+SESSION_TIMEOUT_S = 3.0
+"""The history service is the only member of its group: a restarted process can serve only once
+the group let go of its predecessor. After a SIGKILL that takes a session timeout, and the
+embedded broker holds every join for half of it; 3 s (heartbeats every 0.75 s) keeps a restart
+after a crash near 5 s and still rides out a stall of two seconds."""
+
 
 @dataclass(frozen=True)
 class HistorySettings:
@@ -52,6 +58,7 @@ class HistorySettings:
     app_id: str | None = None
     checkpoint_history: int = model.CHECKPOINT_HISTORY
     data_dir: str = "/tmp/sparkpoint-history"
+    session_timeout_s: float = SESSION_TIMEOUT_S
 
     @property
     def group(self) -> str:
@@ -87,8 +94,8 @@ def create_app(settings: HistorySettings, partitions: int) -> faust.App:
         datadir=settings.data_dir,
         topic_partitions=partitions,
         consumer_auto_offset_reset="earliest",
-        broker_session_timeout=6.0,
-        broker_heartbeat_interval=1.0,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=settings.session_timeout_s / 4,
         web_enabled=True,
         web_bind=settings.rest_host,
         web_port=settings.rest_port,

@@ -6,18 +6,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
+import time
+import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from services import audit
 from services.common.avro import EventCodec
-from services.common.kafka import make_admin, replay_topic
+from services.common.events import CheckpointEventType, CheckpointLifecycleEvent, SnapshotType
+from services.common.kafka import EventPublisher, make_admin, make_producer, replay_topic
 from services.common.topics import CHECKPOINT_EVENTS, CONFIG_CHANGES, JOBS, create_topics
 from services.history import model
 from tests.conftest import KafkaUnderTest
+from tests.factories import config_change
 from tests.running_coordinator import Running, coordinator_in_thread, wait
 from tests.running_history import HistoryProcess
 
@@ -162,3 +169,54 @@ def test_after_a_coordinator_failover_the_new_owner_answers_the_whole_history(
     ids = [e["id"] for e in merged["history"]]
     assert ids == sorted(ids, reverse=True)
     assert any(i < min(e["id"] for e in own["history"]) for i in ids), "the first owner's"
+
+
+def test_audit_reads_the_history_service_and_follows_new_events(
+    kafka: KafkaUnderTest, codec: EventCodec, history: HistoryProcess
+) -> None:
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    publisher = EventPublisher(make_producer(kafka.bootstrap), codec)
+    now = int(time.time() * 1000)
+    change = replace(config_change(), job_id=job, changed_at=now)
+    triggered = CheckpointLifecycleEvent(job, 1, 1, CheckpointEventType.TRIGGERED, SnapshotType.CHECKPOINT, now)  # fmt: skip
+    done = replace(triggered, event_type=CheckpointEventType.COMPLETED, timestamp=now + 50,
+                   duration_ms=50, state_size_bytes=10, external_path="file:///cp/chk-1")  # fmt: skip
+    for topic, event in (
+        (CONFIG_CHANGES, change),
+        (CHECKPOINT_EVENTS, triggered),
+        (CHECKPOINT_EVENTS, done),
+    ):
+        publisher.publish_sync(topic, job, event)
+    history.start().wait_ready()
+    wait(
+        lambda: served(history, job) is not None and served(history, job)["events"] == 3,
+        what="folded",
+    )  # type: ignore[index]
+
+    from_history: list[str] = []
+    assert audit.run(kafka.bootstrap, job, None, False, from_history.append, history.url) == 2
+    replayed_lines: list[str] = []
+    audit.run(kafka.bootstrap, job, None, False, replayed_lines.append)
+    config_line = next(line for line in replayed_lines if " config " in line)
+    assert config_line in from_history, "the same words for a change, whichever the source"
+    assert any(
+        "checkpoint 1 COMPLETED after 50 ms at file:///cp/chk-1" in line for line in from_history
+    )
+    assert not any("TRIGGERED" in line for line in from_history), "the history lists final states"
+
+    followed: list[str] = []
+    stop = threading.Event()
+    follower = threading.Thread(
+        target=audit.follow, args=(kafka.bootstrap, job, False, followed.append, stop.is_set)
+    )
+    follower.start()
+    try:
+        time.sleep(1.0)  # assigned at the end offsets
+        later = replace(triggered, checkpoint_id=2, timestamp=int(time.time() * 1000) + 1)
+        publisher.publish_sync(CHECKPOINT_EVENTS, job, later)
+        wait(lambda: any("checkpoint 2 TRIGGERED" in line for line in followed), what="followed")
+    finally:
+        stop.set()
+        follower.join(10)
+        publisher.close()
+    assert not any("checkpoint 1 " in line for line in followed), "what was written before"
