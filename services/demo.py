@@ -1,8 +1,9 @@
 """`sparkpoint demo`: everything embedded, on one machine.
 
 It starts the embedded broker and creates the topics, then runs, as processes a user would start:
-a coordinator (REST and dashboard), the generator (payments at a steady rate) and the agent of the
-bundled example job on Spark. It prints the REST address and follows the job's checkpoints until
+a coordinator (REST and dashboard), the history service (every job's history, kept across
+restarts and failovers), the generator (payments at a steady rate) and the agent of the bundled
+example job on Spark. It prints the REST address and follows the job's checkpoints until
 Ctrl-C (or, with ``--once``, until three have completed), then stops everything cleanly.
 
 ``--exchange`` instead walks one job through the protocol with a scripted exchange of every event
@@ -315,6 +316,8 @@ def run_pipeline(
         f"execution.checkpointing.dir: {checkpoints}\nexecution.checkpointing.savepoint-dir: {savepoints}\n"
     )
     url = f"http://127.0.0.1:{rest_port}"
+    history_port = rest_port + 1 if port_is_free(rest_port + 1) else free_port()
+    history_url = f"http://127.0.0.1:{history_port}"
     cli = [sys.executable, "-m", "services.cli", "-v"]
     job = example_job()
     processes: list[tuple[str, subprocess.Popen[bytes]]] = []
@@ -328,6 +331,7 @@ def run_pipeline(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
+        start("history", "history", "--bootstrap", bootstrap, "--rest-port", str(history_port))
         start(
             "coordinator",
             "coordinator",
@@ -337,6 +341,8 @@ def run_pipeline(
             str(rest_port),
             "--config",
             str(config),
+            "--history-url",
+            history_url,
             *(["--flink-web-ui", str(flink_web_ui)] if flink_web_ui is not None else []),
         )
         start("generator", "generate", "--bootstrap", bootstrap, "--rate", str(GENERATOR_RATE))
@@ -352,12 +358,14 @@ def run_pipeline(
         say(f"coordinator: {url}  (dashboard: {url}/ , REST: {url}/jobs)")
         if flink_web_ui is not None:
             say(f"Flink's web dashboard: {url}/flink/")
+        say(f"history: {history_url}/  (every job's checkpoints, configuration changes and "
+            "savepoints, kept across restarts and failovers)")  # fmt: skip
         say(f"generator: {GENERATOR_RATE} payments/s to topic payments")
         say(
             f"agent: job {job.id} (Flink JobID {flink_job_id(job.id)}) on Spark local[*], "
             f"checkpoints every 3 s under {checkpoints}"
         )
-        say(f"logs: {root}/{{coordinator,generator,agent}}.log")
+        say(f"logs: {root}/{{coordinator,history,generator,agent}}.log")
         say(
             f"try: sparkpoint checkpoints {job.id} --rest {url}   |   sparkpoint savepoint {job.id} --rest {url}"
         )
