@@ -53,7 +53,19 @@ def test_topics_are_created_once_kafka_is_healthy(compose: dict[str, Any]) -> No
 
 
 def test_every_component_has_a_service(compose: dict[str, Any]) -> None:
-    assert {"kafka", "topics", "coordinator", "agent", "generator"} <= set(compose["services"])
+    assert {"kafka", "topics", "coordinator", "history", "agent", "generator"} <= set(
+        compose["services"]
+    )
+
+
+def test_the_coordinators_add_earlier_checkpoints_from_the_history_service(
+    compose: dict[str, Any],
+) -> None:
+    history = compose["services"]["history"]
+    assert history["command"][:2] == ["sparkpoint", "history"]
+    port = history["command"][history["command"].index("--rest-port") + 1]
+    coordinator = compose["services"]["coordinator"]["command"]
+    assert coordinator[coordinator.index("--history-url") + 1] == f"http://history:{port}"
 
 
 def test_a_schema_registry_serves_avro_schemas_from_kafka(compose: dict[str, Any]) -> None:
