@@ -142,7 +142,6 @@ def _registered(doc: Doc, event: JobRegistered) -> None:
         doc["latest"]["restored"] = {
             "id": event.restored_checkpoint_id,
             "restore_timestamp": event.timestamp,
-            "is_savepoint": _is_savepoint_path(doc, event.restored_external_path),
             "external_path": event.restored_external_path,
         }
     _touch(doc, event.timestamp)
@@ -343,9 +342,19 @@ def checkpoints_json(doc: Doc, before_epoch: int | None = None) -> Doc:
             "failed": counts["failed"],
         },
         "summary": summary,
-        "latest": dict(doc["latest"]),
+        "latest": dict(doc["latest"]) | {"restored": _restored(doc)},
         "history": [_public(e) for e in history],
     }
+
+
+def _restored(doc: Doc) -> Doc | None:
+    """The latest restore; whether it was from a savepoint is decided when asked, since the
+    savepoint's completion and the registration that restored it are on different topics and
+    may be folded in either order."""
+    restored: Doc | None = doc["latest"]["restored"]
+    if restored is None:
+        return None
+    return restored | {"is_savepoint": _is_savepoint_path(doc, restored["external_path"])}
 
 
 def _summary_json(source: Doc | None, ordered: list[int]) -> Doc:

@@ -4,6 +4,7 @@ broker: its documents equal a full replay of the audit topics, after a restart o
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -14,17 +15,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import aiokafka
+import aiokafka.errors
 import httpx
 import pytest
 
 from services import audit
 from services.common.avro import EventCodec
 from services.common.events import CheckpointEventType, CheckpointLifecycleEvent, SnapshotType
-from services.common.kafka import EventPublisher, make_admin, make_producer, replay_topic
+from services.common.kafka import (
+    EventPublisher,
+    end_offsets,
+    make_admin,
+    make_consumer,
+    make_producer,
+    replay_topic,
+    true_end_offset,
+)
 from services.common.topics import CHECKPOINT_EVENTS, CONFIG_CHANGES, JOBS, create_topics
 from services.history import model
 from tests.conftest import KafkaUnderTest
-from tests.factories import config_change
+from tests.factories import config_change, job_registered
 from tests.running_coordinator import Running, coordinator_in_thread, wait
 from tests.running_history import HistoryProcess
 
@@ -220,3 +231,82 @@ def test_audit_reads_the_history_service_and_follows_new_events(
         follower.join(10)
         publisher.close()
     assert not any("checkpoint 1 " in line for line in followed), "what was written before"
+
+
+# --- the embedded broker's defects, as they meet faust (aiokafka) -------------------------------
+
+
+def test_aiokafka_cannot_be_idempotent_on_the_embedded_broker(
+    embedded_only: KafkaUnderTest,
+) -> None:
+    """Why the history service runs faust's at-least-once guarantee and folds idempotently: an
+    idempotent (or transactional) aiokafka producer fails its InitProducerId request here."""
+
+    async def start_idempotent() -> None:
+        producer = aiokafka.AIOKafkaProducer(
+            bootstrap_servers=embedded_only.bootstrap, enable_idempotence=True
+        )
+        try:
+            await asyncio.wait_for(producer.start(), 20)
+        finally:
+            await producer.stop()
+
+    with pytest.raises(aiokafka.errors.KafkaError):
+        asyncio.run(start_idempotent())
+
+
+def test_aiokafka_batches_of_several_records_end_where_the_embedded_broker_says_they_begin(
+    embedded_only: KafkaUnderTest, new_topic: Any
+) -> None:
+    """The embedded broker reports a partition's end as its last batch's base offset + 1, and
+    faust's recovery reads a changelog to that end: a changelog whose last batch held several
+    records would come back without the rest of that batch."""
+    topic = new_topic()
+
+    async def burst() -> list[int]:
+        producer = aiokafka.AIOKafkaProducer(
+            bootstrap_servers=embedded_only.bootstrap, linger_ms=50
+        )
+        await producer.start()
+        try:
+            sent = [await producer.send(topic, b"v", key=b"k%d" % i) for i in range(5)]
+            return [(await s).offset for s in sent]
+        finally:
+            await producer.stop()
+
+    assert asyncio.run(burst()) == [0, 1, 2, 3, 4]
+    reported, true_ends = end_offsets_of(embedded_only.bootstrap, topic)
+    assert (reported[0], true_ends[0]) == (1, 5)
+
+
+def test_every_changelog_record_is_a_batch_of_its_own_and_recovered_whole(
+    kafka: KafkaUnderTest, codec: EventCodec, history: HistoryProcess
+) -> None:
+    """The work-around for the defect above: the history service writes each document in a
+    produce request of its own, even when one batch of events changed several documents."""
+    jobs = [f"job-{uuid.uuid4().hex[:8]}" for _ in range(8)]
+    publisher = EventPublisher(make_producer(kafka.bootstrap), codec)
+    history.start().wait_ready()
+    for job in jobs:  # one burst: folded in one batch
+        publisher.publish_nowait(JOBS, job, replace(job_registered(job), job_name=job))
+    publisher.flush()
+    publisher.close()
+    wait(lambda: all(served(history, j) is not None for j in jobs), what="every job folded")
+    reported, true_ends = end_offsets_of(kafka.bootstrap, f"{history.group}-jobs-changelog")
+    assert reported == true_ends and sum(true_ends.values()) >= len(jobs)
+
+    time.sleep(3.5)  # faust commits what it folded every 2.8 s
+    history.kill()
+    history.start().wait_ready()
+    assert all(served(history, j) is not None for j in jobs), "documents lost in recovery"
+    assert (history.status() or {})["folded"] == 0, "recovered from the changelog, not refolded"
+
+
+def end_offsets_of(bootstrap: str, topic: str) -> tuple[dict[int, int], dict[int, int]]:
+    consumer = make_consumer(bootstrap)
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        reported = {p: end_offsets(consumer, topic)[p][1] for p in partitions}
+        return reported, {p: true_end_offset(consumer, topic, p) for p in partitions}
+    finally:
+        consumer.close()

@@ -186,6 +186,19 @@ def test_attempts_restores_and_failure_reasons_are_kept() -> None:
     restored = model.checkpoints_json(doc)
     assert restored["counts"]["restored"] == 1
     assert restored["latest"]["restored"]["id"] == 3
+    assert restored["latest"]["restored"]["is_savepoint"] is False
+
+
+def test_a_restore_from_a_savepoint_is_known_whichever_topic_was_folded_first() -> None:
+    restored = replace(job_registered(), attempt=1, timestamp=T0 + 5_000,
+                       restored_checkpoint_id=4, restored_external_path="s3://b/sp-4")  # fmt: skip
+    savepoint = [
+        lifecycle(4, CheckpointEventType.TRIGGERED, 0, snapshot=SnapshotType.SAVEPOINT),
+        replace(completed(4, 80, 80), snapshot_type=SnapshotType.SAVEPOINT, external_path="s3://b/sp-4"),
+    ]  # fmt: skip
+    for events in ([restored, *savepoint], [*savepoint, restored]):
+        latest = model.checkpoints_json(fold(events))["latest"]["restored"]
+        assert (latest["id"], latest["is_savepoint"]) == (4, True)
 
 
 def test_what_happened_before_an_ownership_epoch_can_be_asked_for_alone() -> None:
