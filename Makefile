@@ -38,6 +38,7 @@ bench: install
 	$(BIN)/python bench/coordinator_latency.py
 	$(BIN)/python bench/coordinator_scale.py
 	$(BIN)/python bench/flink_rest.py
+	$(BIN)/python bench/history.py
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/unaligned.py
 	$(BIN)/python bench/failover.py

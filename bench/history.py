@@ -105,7 +105,9 @@ def changelog_records(bootstrap: str, group: str) -> int:
     topic = f"{group}-jobs-changelog"
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-count"})
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    total = sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions)
+    total = sum(
+        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions
+    )
     consumer.close()
     return total
 
@@ -115,7 +117,10 @@ def main() -> None:
     events = audit_events(EVENTS, JOBS_COUNT)
     expected: dict[str, int] = {}
     for _, job, event in events:
-        if isinstance(event, CheckpointLifecycleEvent) and event.event_type is CheckpointEventType.COMPLETED:
+        if (
+            isinstance(event, CheckpointLifecycleEvent)
+            and event.event_type is CheckpointEventType.COMPLETED
+        ):
             expected[job] = expected.get(job, 0) + 1
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as logs:
         create_topics(make_admin(broker.bootstrap))
@@ -137,9 +142,12 @@ def main() -> None:
             ready_s = time.monotonic() - began
             wait_until(lambda: caught_up(history, expected), 120)
             serving_s = time.monotonic() - began
-            restarts.append({"after": previous, "ready_s": round(ready_s, 2), "serving_s": round(serving_s, 2)})
+            restarts.append(
+                {"after": previous, "ready_s": round(ready_s, 2), "serving_s": round(serving_s, 2)}
+            )
             previous = how
             history.stop() if how == "SIGTERM" else history.kill()
+
     def median(after: str) -> float:
         return sorted(r["serving_s"] for r in restarts if r["after"] == after)[1]
 

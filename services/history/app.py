@@ -28,6 +28,7 @@ from importlib import resources
 from typing import Any
 
 import faust
+from faust.tables.manager import TableManager
 from faust.web import Request, Response, View
 
 from services.common.avro import EventCodec, UndecodableEvent
@@ -80,6 +81,16 @@ def source_partitions(bootstrap: str) -> int:
     return counts.pop()
 
 
+class PromptTableManager(TableManager):
+    """faust's table manager waits a fixed second at start for tables declared late; every table
+    here is declared before the app starts, and that second is a fifth of a restart."""
+
+    async def on_start(self) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
+
+
 class JobTable(faust.Table[bytes, Any]):
     """Documents keyed by job id. They are written once per batch, outside faust's per-event
     context, so the changelog partition comes from the key: murmur2, as every sparkpoint
@@ -117,6 +128,7 @@ def create_app(settings: HistorySettings, partitions: int) -> faust.App:
         web_host=settings.rest_host,
         table_standby_replicas=0,
         producer_max_request_size=4 * 1024 * 1024,
+        TableManager=PromptTableManager,
     )
     codec = EventCodec()
     source = app.topic(
