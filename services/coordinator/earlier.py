@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_S = 1.0
 COUNTED = ("completed", "failed")
+MERGED_METRICS = ("end_to_end_duration", "state_size", "checkpointed_size")
+"""What the history service knows of every checkpoint; per-subtask figures (processed and
+persisted data) are the owner's alone."""
 
 
 async def earlier_statistics(
@@ -54,7 +57,7 @@ def merge(own: dict[str, Any], earlier: dict[str, Any], history_size: int) -> di
     earlier_completed = earlier["counts"]["completed"]
     summary = {}
     for name, mine in own["summary"].items():
-        theirs = earlier["summary"].get(name)
+        theirs = earlier["summary"].get(name) if name in MERGED_METRICS else None
         summary[name] = _summary(mine, theirs, own_completed, earlier_completed)
     merged["summary"] = summary
     merged["latest"] = {
