@@ -57,11 +57,14 @@ def coordinator_in_thread(
     tmp_path: Path,
     web_ui: WebUi | None = None,
     history_url: str | None = None,
+    storage: str | None = None,
 ) -> Iterator[Running]:
-    """A coordinator service (REST on a free port) in a thread, on the current topic prefix."""
+    """A coordinator service (REST on a free port) in a thread, on the current topic prefix;
+    checkpoints and savepoints under ``storage`` (a URL) if given, else under ``tmp_path``."""
     create_topics(make_admin(kafka.bootstrap), partitions=2)
+    base = storage or str(tmp_path)
     defaults = CheckpointConfig(
-        checkpoint_dir=str(tmp_path / "checkpoints"), savepoint_dir=str(tmp_path / "savepoints")
+        checkpoint_dir=f"{base}/checkpoints", savepoint_dir=f"{base}/savepoints"
     )
     port = free_port()
     service = CoordinatorService(

@@ -1,0 +1,194 @@
+"""Beyond one machine: checkpoints, savepoints, state, channel segments and the file sink on
+S3-compatible storage (moto's server, through s3fs), and the agent on a Spark standalone cluster
+started from the pyspark package, a worker killed mid-run. The committed output is compared with
+the plain-Python reference each time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from services.agent.example import payments, reference_output
+from services.agent.standalone import StandaloneCluster
+from services.common.storage import PathOutsideRoots, Storage
+from tests.conftest import KafkaUnderTest
+from tests.integration.test_agent import Output, difference, killed, read_output
+from tests.running_coordinator import Running, coordinator_in_thread
+from tests.s3_server import S3Server, start_s3_server
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = 6_000
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = start_s3_server(tmp_path_factory.mktemp("moto") / "moto.log")
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in server.environment().items():
+            env.setenv(key, value)
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def bucket(s3: S3Server) -> str:
+    return s3.bucket()
+
+
+@pytest.fixture(scope="module")
+def coordinator(
+    kafka: KafkaUnderTest, tmp_path_factory: pytest.TempPathFactory, bucket: str
+) -> Iterator[Running]:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPARKPOINT_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:10]}.")
+        yield from coordinator_in_thread(kafka, tmp_path_factory.mktemp("s3"), storage=bucket)
+
+
+@pytest.fixture(scope="module")
+def payments_topic(kafka: KafkaUnderTest) -> str:
+    from services.agent.example import generate
+
+    topic = f"payments-{uuid.uuid4().hex[:8]}"
+    assert generate(kafka.bootstrap, topic, RECORDS) == RECORDS
+    return topic
+
+
+@pytest.fixture(scope="module")
+def expected() -> list[Output]:
+    return reference_output(payments(RECORDS), end_of_input=True)
+
+
+def agent(
+    coordinator: Running,
+    bucket: str,
+    name: str,
+    topic: str,
+    output: str,
+    *args: str,
+    crash_at: str | None = None,
+    sink: str = "kafka",
+    master: str = "local[2]",
+    wait: bool = True,
+) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    env |= {
+        "TEST_JOB_NAME": name, "TEST_INPUT": topic, "TEST_OUTPUT": output, "TEST_SINK": sink,
+        "TEST_MAX_RECORDS": "300", "PYTHONPATH": str(ROOT),
+    }  # fmt: skip
+    env.pop("SPARKPOINT_CRASH_AT", None)
+    if crash_at:
+        env["SPARKPOINT_CRASH_AT"] = crash_at
+    command = [
+        sys.executable, "-m", "services.cli", "-v", "agent", "tests/agent_jobs.py:job",
+        "--bootstrap", coordinator.bootstrap, "--master", master,
+        "--checkpoint-dir", f"{bucket}/checkpoints", *args,
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    if wait:
+        process.wait(300)
+    return process
+
+
+def finished(process: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    out, err = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def read_parquet(url: str) -> list[Output]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    out: list[Output] = []
+    for path in sorted(fs.glob(f"{url}/part-*.parquet")):
+        with fs.open(path, "rb") as source:
+            for row in pq.read_table(source).to_pylist():
+                out.append((row["kind"], row["account"], row["id"], row["value"]))
+    return sorted(out)
+
+
+def objects(url: str) -> list[str]:
+    import s3fs
+
+    return s3fs.S3FileSystem(skip_instance_cache=True).find(url)
+
+
+def test_everything_on_s3_through_a_kill_and_a_rescaled_restore(
+    coordinator: Running, bucket: str, payments_topic: str, expected: list[Output]
+) -> None:
+    """Checkpoints with their state, channel segments, and the file sink's part files on S3: an
+    agent SIGKILLed mid-batch with segments in flight, restored from S3 with parallelism 3."""
+    name = f"s3-{uuid.uuid4().hex[:8]}"
+    output, channels = f"{bucket}/out/{name}", f"{bucket}/channels"
+    common = ("--channel-dir", channels)
+
+    first = finished(agent(coordinator, bucket, name, payments_topic, output, *common,
+                           crash_at="mid-batch:3", sink="files"))  # fmt: skip
+    assert killed(first), first.stderr[-3000:]
+    stored = objects(f"{bucket}/checkpoints/{name}")
+    assert any(p.endswith("/_metadata") for p in stored), "a completed checkpoint on S3"
+    assert any("/taskowned/" in p for p in stored), "key-group state written by tasks to S3"
+    second = finished(agent(coordinator, bucket, name, payments_topic, output, *common,
+                            "--restore", "latest", "--parallelism", "3", sink="files"))  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "restoring from s3://" in second.stderr
+
+    got = read_parquet(output)
+    assert got == expected, difference(got, expected)
+    assert not [p for p in objects(output) if "inprogress" in p], "no part file left in progress"
+    assert objects(f"{channels}") == [], "each run's segments are gone once it ended"
+
+
+def test_storage_roots_confine_s3_urls(bucket: str) -> None:
+    storage = Storage([f"{bucket}/checkpoints"])
+    storage.write_atomic(f"{bucket}/checkpoints/job/chk-1/_metadata", b"meta")
+    assert storage.read(f"{bucket}/checkpoints/job/chk-1/_metadata") == b"meta"
+    for outside in (
+        f"{bucket}/elsewhere/_metadata",
+        f"{bucket}/checkpoints/../elsewhere/_metadata",
+        f"{bucket}-other/checkpoints/job/_metadata",
+        "s3://another-bucket/checkpoints/job/_metadata",
+    ):
+        with pytest.raises(PathOutsideRoots):
+            storage.write_atomic(outside, b"x")
+    assert objects(f"{bucket}/elsewhere") == []
+
+
+def test_the_agent_on_a_standalone_cluster_through_a_lost_worker_and_a_sigkill(
+    coordinator: Running, kafka: KafkaUnderTest, bucket: str, payments_topic: str,
+    expected: list[Output],
+) -> None:  # fmt: skip
+    """Two workers of one core; the first agent loses a worker mid-run, then is SIGKILLed; the
+    second restores from S3 on the surviving worker. Executors share no disk with the driver:
+    everything goes through S3."""
+    name, output = f"cluster-{uuid.uuid4().hex[:8]}", f"stats-{uuid.uuid4().hex[:8]}"
+    with StandaloneCluster(workers=2, cores=1, memory="1g") as cluster:
+        first = agent(coordinator, bucket, name, payments_topic, output,
+                      crash_at="after-ack:4", master=cluster.master_url, wait=False)  # fmt: skip
+        deadline = time.monotonic() + 240
+        while not any(p.endswith("/_metadata") for p in objects(f"{bucket}/checkpoints/{name}")):
+            assert first.poll() is None, finished(first).stderr[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint completed on the cluster"
+            time.sleep(0.5)
+        cluster.kill_worker(1)  # a lost machine, executors and all, mid-run
+        result = finished(first)
+        assert killed(result), result.stderr[-3000:]
+        second = finished(agent(coordinator, bucket, name, payments_topic, output,
+                                "--restore", "latest", master=cluster.master_url))  # fmt: skip
+        assert second.returncode == 0, second.stderr[-3000:]
+
+    got = read_output(kafka.bootstrap, output)
+    assert got == expected, difference(got, expected)
