@@ -146,25 +146,15 @@ class Storage:
         raise PathOutsideRoots(f"{path} is outside the storage roots")
 
     def write_atomic(self, path: str, data: bytes) -> None:
-        """Writes ``data`` so that readers see all of it or nothing: a temporary file in the same
-        directory, renamed into place (object stores make a single put atomic anyway). Local
-        files go through ``os`` directly (a write per completed checkpoint: fsspec's layers
-        cost more than the write)."""
+        """Writes ``data`` so that readers see all of it or nothing (`put_whole`). Local files
+        go through ``os`` directly (a write per completed checkpoint: fsspec's layers cost more
+        than the write)."""
         protocol, real = self._resolve(path, replaced=True)
         if protocol == "file":
             _write_local(real, data)
             return
         fs, target = url_to_fs(path)
-        directory = posixpath.dirname(target)
-        fs.makedirs(directory, exist_ok=True)
-        temporary = _temporary(directory, posixpath.basename(target))
-        with fs.open(temporary, "wb") as out:
-            out.write(data)
-        try:
-            fs.mv(temporary, target)
-        except Exception:
-            fs.rm(temporary)
-            raise
+        put_whole(fs, target, data)
 
     def read(self, path: str) -> bytes:
         self.check(path)
@@ -237,6 +227,38 @@ _PROCESS = uuid.uuid4().hex[:12]
 def _temporary(directory: str, name: str) -> str:
     """A name beside ``name`` no other write uses: hidden, and ignored by readers."""
     return f"{directory}/.{name}.{_PROCESS}.{next(_TEMPORARY)}.tmp"
+
+
+OBJECT_STORES = frozenset({"s3", "s3a", "gcs", "gs", "abfs", "abfss", "az", "oss"})
+"""Object stores have no rename: fsspec's ``mv`` copies the object and deletes the original."""
+
+
+def is_object_store(fs: fsspec.AbstractFileSystem) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+    return any(p in OBJECT_STORES for p in protocols)
+
+
+def put_whole(fs: fsspec.AbstractFileSystem, target: str, data: bytes) -> None:
+    """Writes ``data`` to ``target`` so that readers see all of it or nothing.
+
+    On an object store that is one PUT of the final key (or a multipart upload, which also
+    appears whole when it completes): an object never shows a part of its bytes, so there is no
+    temporary object to rename, which there would be no rename for (a copy and a delete, twice
+    the bytes, and a crash between them leaves both). On a file system it is a hidden temporary
+    file in the same directory, renamed into place."""
+    directory = posixpath.dirname(target)
+    if is_object_store(fs):
+        fs.pipe_file(target, data)
+        return
+    fs.makedirs(directory, exist_ok=True)
+    temporary = _temporary(directory, posixpath.basename(target))
+    with fs.open(temporary, "wb") as out:
+        out.write(data)
+    try:
+        fs.mv(temporary, target)
+    except Exception:
+        fs.rm(temporary)
+        raise
 
 
 def _write_local(path: str, data: bytes) -> None:

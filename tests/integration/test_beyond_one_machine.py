@@ -192,3 +192,36 @@ def test_the_agent_on_a_standalone_cluster_through_a_lost_worker_and_a_sigkill(
 
     got = read_output(kafka.bootstrap, output)
     assert got == expected, difference(got, expected)
+
+
+def test_metadata_and_part_files_are_one_put_on_an_object_store(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No temporary object and no rename (on S3 a copy and a delete): the final key is written
+    once, and a PUT shows all of an object or nothing."""
+    import pandas as pd
+    import s3fs
+
+    from services.agent.job import DeliveryGuarantee, FileSink
+    from services.agent.sinks.files import FileSinkWriter
+
+    def no_rename(*args: object, **kwargs: object) -> None:
+        raise AssertionError("renamed on an object store")
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "mv", no_rename)
+    Storage([f"{bucket}/cp"]).write_atomic(f"{bucket}/cp/job/chk-7/_metadata", b"m" * 100_000)
+    staged = f"{bucket}/staged/out-r1-s0-abc.arrow"
+    frame = pd.DataFrame({"kind": ["total"], "account": ["a"], "id": [1], "value": [5]})
+    with s3fs.S3FileSystem(skip_instance_cache=True).open(staged, "wb") as out:
+        import pyarrow as pa
+
+        with pa.ipc.new_stream(out, pa.Schema.from_pandas(frame, preserve_index=False)) as writer:
+            writer.write_table(pa.Table.from_pandas(frame, preserve_index=False))
+    sink = FileSinkWriter(FileSink(f"{bucket}/sink", DeliveryGuarantee.EXACTLY_ONCE), "job")
+    assert sink.publish_epoch(3, [staged]) == 1
+    assert sink.publish_epoch(3, [staged]) == 0, "committed before: not written again"
+    assert objects(f"{bucket}/cp/job") == [f"{bucket[5:]}/cp/job/chk-7/_metadata"]
+    assert [p.rsplit("/", 1)[1] for p in objects(f"{bucket}/sink")] == [
+        "part-0000000003-r1-s0-abc.parquet"
+    ]
+    assert read_parquet(f"{bucket}/sink") == [("total", "a", 1, 5)]

@@ -1,7 +1,10 @@
 """The file sink: Parquet part files under a directory (any fsspec URL).
 
 Exactly-once, as Flink's FileSink: a part file is written hidden (``.part-...inprogress``) and
-renamed to its final name when the checkpoint of its epoch completes. A final name is the epoch
+renamed to its final name when the checkpoint of its epoch completes. On an object store (S3 and
+the like), which has no rename, it is written once under its final name when the checkpoint of
+its epoch completes: a PUT (or a completed multipart upload) makes the object appear whole or
+not at all. A final name is the epoch
 and the name of the staged file it comes from (``part-<epoch>-r<round>-s<subtask>-<token>.parquet``,
 the token random per agent run): publishing an epoch again after a restore skips the files
 already committed and commits the rest, and no later run of the job can overwrite a committed
@@ -21,6 +24,7 @@ from fsspec.core import url_to_fs
 
 from services.agent.job import DeliveryGuarantee, FileSink
 from services.agent.sinks import PublishedEpoch, read_outputs
+from services.common.storage import is_object_store, put_whole
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,9 @@ class FileSinkWriter:
             return 0
         buffer = io.BytesIO()
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer)
+        if is_object_store(self.fs):
+            put_whole(self.fs, final, buffer.getvalue())  # one PUT: whole or absent
+            return len(frame)
         hidden = posixpath.join(self.root, f".{name}.inprogress-{uuid.uuid4().hex[:8]}")
         with self.fs.open(hidden, "wb") as out:
             out.write(buffer.getvalue())
