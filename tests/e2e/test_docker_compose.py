@@ -74,3 +74,44 @@ def test_a_schema_registry_serves_avro_schemas_from_kafka(compose: dict[str, Any
     assert env["SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS"] == "PLAINTEXT://kafka:19092"
     assert env["SCHEMA_REGISTRY_KAFKASTORE_TOPIC_REPLICATION_FACTOR"] == 1
     assert registry["depends_on"]["kafka"]["condition"] == "service_healthy"
+
+
+def test_storage_is_minio_for_every_component_and_the_coordinators_defaults(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    minio = services["minio"]
+    assert minio["command"][:2] == ["server", "/data"]
+    assert "mc mb --ignore-existing local/sparkpoint" in services["bucket"]["command"][0]
+    sparkpoint = [s for s in services.values() if s.get("image") == "sparkpoint:dev"]
+    assert len(sparkpoint) >= 6
+    for service in sparkpoint:
+        environment = service["environment"]
+        assert environment["AWS_ENDPOINT_URL"] == "http://minio:9000"
+        assert environment["AWS_ACCESS_KEY_ID"] == minio["environment"]["MINIO_ROOT_USER"]
+        assert environment["AWS_SECRET_ACCESS_KEY"] == minio["environment"]["MINIO_ROOT_PASSWORD"]
+    defaults = yaml.safe_load((ROOT / "deploy" / "coordinator.yaml").read_text())
+    assert defaults["execution.checkpointing.dir"].startswith("s3://sparkpoint/")
+    assert defaults["execution.checkpointing.savepoint-dir"].startswith("s3://sparkpoint/")
+
+
+def test_the_agent_runs_its_executors_on_the_spark_cluster_with_state_on_minio(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    master = services["spark-master"]["command"]
+    assert master[:2] == ["spark-class", "org.apache.spark.deploy.master.Master"]
+    url = f"spark://{master[master.index('--host') + 1]}:{master[master.index('--port') + 1]}"
+    worker = services["spark-worker"]["command"]
+    assert worker[:2] == ["spark-class", "org.apache.spark.deploy.worker.Worker"]
+    assert worker[-1] == url
+    agent = services["agent"]["command"]
+    assert agent[agent.index("--master") + 1] == url
+    assert agent[agent.index("--checkpoint-dir") + 1] == "s3://sparkpoint/checkpoints"
+    assert f"spark.driver.host={services['agent']['hostname']}" in agent
+
+
+def test_two_coordinators_each_advertise_their_own_address(compose: dict[str, Any]) -> None:
+    commands = [compose["services"][name]["command"] for name in ("coordinator", "coordinator-2")]
+    advertised = [c[c.index("--advertised-rest-url") + 1] for c in commands]
+    assert advertised == ["http://coordinator:8081", "http://coordinator-2:8081"]
