@@ -1,0 +1,65 @@
+"""A coordinator's checkpoint statistics plus the history service's for earlier ownership
+epochs (services.coordinator.earlier.merge)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.coordinator.earlier import merge
+
+pytestmark = pytest.mark.unit
+
+
+def summary(low: int, high: int, avg: int) -> dict[str, Any]:
+    return {"min": low, "max": high, "avg": avg, "p50": float(avg), "p99": float(high)}
+
+
+def statistics(
+    completed: int, failed: int, in_progress: int, ids: list[int], durations: tuple[int, int, int]
+) -> dict[str, Any]:
+    return {
+        "counts": {
+            "restored": 0, "total": completed + failed + in_progress, "in_progress": in_progress,
+            "completed": completed, "failed": failed,
+        },
+        "summary": {
+            "end_to_end_duration": summary(*durations),
+            "state_size": summary(100, 100, 100),
+            "processed_data": summary(7, 7, 7),
+        },
+        "latest": {"completed": {"id": ids[0]} if ids else None, "savepoint": None,
+                   "failed": None, "restored": None},
+        "history": [{"id": i} for i in ids],
+    }  # fmt: skip
+
+
+def test_counts_add_up_and_the_earlier_fill_the_history_behind_the_owners_own() -> None:
+    own = statistics(3, 0, 1, [12, 11, 10, 9], (10, 30, 20))
+    earlier = {**statistics(6, 2, 0, [8, 7, 6, 5, 4], (40, 100, 60))}
+    earlier["latest"] = {"completed": {"id": 8}, "savepoint": {"id": 6}, "failed": {"id": 7},
+                         "restored": None}  # fmt: skip
+    merged = merge(own, earlier, history_size=6)
+    assert merged["counts"] == {
+        "restored": 0, "total": 12, "in_progress": 1, "completed": 9, "failed": 2,
+    }  # fmt: skip
+    assert [e["id"] for e in merged["history"]] == [12, 11, 10, 9, 8, 7]
+    assert merged["latest"]["completed"] == {"id": 12}, "the owner's own where it has one"
+    assert merged["latest"]["savepoint"] == {"id": 6}, "else the earlier"
+    duration = merged["summary"]["end_to_end_duration"]
+    assert (duration["min"], duration["max"], duration["avg"]) == (10, 100, (20 * 3 + 60 * 6) // 9)
+    assert merged["summary"]["processed_data"] == own["summary"]["processed_data"]
+
+
+def test_an_owner_that_completed_nothing_yet_answers_the_earlier_summary() -> None:
+    own = statistics(0, 0, 1, [5], (0, 0, 0))
+    merged = merge(own, statistics(4, 0, 0, [4, 3, 2, 1], (40, 90, 60)), history_size=10)
+    assert merged["summary"]["end_to_end_duration"]["max"] == 90
+    assert [e["id"] for e in merged["history"]] == [5, 4, 3, 2, 1]
+
+
+def test_an_entry_both_know_is_listed_once() -> None:
+    own = statistics(1, 0, 0, [5, 4], (10, 10, 10))
+    merged = merge(own, statistics(2, 0, 0, [4, 3], (10, 10, 10)), history_size=10)
+    assert [e["id"] for e in merged["history"]] == [5, 4, 3]
