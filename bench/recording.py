@@ -50,9 +50,10 @@ def write_results(name: str, results: dict[str, Any]) -> Path:
     return path
 
 
-def start_coordinator(bootstrap: str, root: Path, partitions: int = 6) -> Any:
+def start_coordinator(bootstrap: str, root: Path | str, partitions: int = 6) -> Any:
     """The sparkpoint topics, and a coordinator service on a thread of this process with its
-    storage roots under ``root`` (checkpoints/, savepoints/); returns the running service."""
+    storage roots under ``root`` (checkpoints/, savepoints/; a path or a URL); returns the
+    running service."""
     import asyncio
     import threading
 
@@ -65,7 +66,7 @@ def start_coordinator(bootstrap: str, root: Path, partitions: int = 6) -> Any:
 
     create_topics(make_admin(bootstrap), partitions=partitions)
     defaults = CheckpointConfig(
-        checkpoint_dir=str(root / "checkpoints"), savepoint_dir=str(root / "savepoints")
+        checkpoint_dir=f"{root}/checkpoints", savepoint_dir=f"{root}/savepoints"
     )
     service = CoordinatorService(ServiceSettings(bootstrap, defaults))
     threading.Thread(

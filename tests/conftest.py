@@ -14,12 +14,16 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from services.common.avro import EventCodec
 from services.common.broker import EmbeddedBroker
 from services.common.kafka import make_admin
+
+if TYPE_CHECKING:
+    from tests.running_history import HistoryProcess
 
 log = logging.getLogger(__name__)
 
@@ -122,3 +126,17 @@ def new_topic(kafka: KafkaUnderTest) -> Iterator[Callable[..., str]]:
         return name
 
     yield create
+
+
+@pytest.fixture
+def history(kafka: KafkaUnderTest, topic_prefix: str, tmp_path: Path) -> Iterator[HistoryProcess]:
+    """The history service as a process (not started), on the test's topics; killed after."""
+    from services.common.topics import create_topics
+    from tests.running_history import HistoryProcess
+
+    create_topics(make_admin(kafka.bootstrap), partitions=2)
+    process = HistoryProcess(kafka.bootstrap, tmp_path)
+    try:
+        yield process
+    finally:
+        process.kill()

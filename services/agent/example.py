@@ -191,6 +191,7 @@ def generate(
     start_id: int = 0,
     seed: int = 7,
     progress: bool = False,
+    accounts: int = ACCOUNTS,
 ) -> int:
     """Writes payments keyed by account (acks=all); ``rate`` events per second, or as fast as
     possible; until ``count`` or Ctrl-C. Returns how many were written (all delivered)."""
@@ -200,7 +201,7 @@ def generate(
     started = time.monotonic()
     written = 0
     try:
-        for payment in payments(count, start_id, seed):
+        for payment in payments(count, start_id, seed, accounts):
             while True:
                 try:
                     producer.produce(topic, value=payment.to_json(), key=payment.account.encode())

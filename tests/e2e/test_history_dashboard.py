@@ -37,13 +37,12 @@ from services.common.events import (
     SnapshotType,
     Subtask,
 )
-from services.common.kafka import EventPublisher, make_admin, make_producer
+from services.common.kafka import EventPublisher, make_producer
 from services.common.topics import (
     CHECKPOINT_EVENTS,
     CONFIG_CHANGES,
     JOBS,
     TopicSpec,
-    create_topics,
 )
 from tests.conftest import KafkaUnderTest
 from tests.running_history import HistoryProcess
@@ -285,16 +284,6 @@ def squeezed(node: Node) -> str:
 
 
 # --- the test ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def history(kafka: KafkaUnderTest, topic_prefix: str, tmp_path: Path) -> Iterator[HistoryProcess]:
-    create_topics(make_admin(kafka.bootstrap), partitions=2)
-    process = HistoryProcess(kafka.bootstrap, tmp_path)
-    try:
-        yield process
-    finally:
-        process.kill()
 
 
 def wait_folded(history: HistoryProcess, trail: AuditTrail) -> dict[str, Any]:

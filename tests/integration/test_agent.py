@@ -30,6 +30,7 @@ from services.agent.formats import AvroValues, ConfluentAvroValues
 from services.agent.job import DeliveryGuarantee, FileSource, Job, KafkaSink, KafkaSource
 from services.agent.restore import NoCheckpoint
 from services.agent.runtime import Agent, AgentOptions
+from services.agent.sinks.kafka import TRANSACTION_HEADER
 from services.common.avro import EventCodec
 from services.common.events import (
     CheckpointEventType,
@@ -37,6 +38,7 @@ from services.common.events import (
     CheckpointLifecycleEvent,
     FailoverRequest,
     JobStatus,
+    SinkEpochPublished,
 )
 from services.common.kafka import (
     EventPublisher,
@@ -45,7 +47,7 @@ from services.common.kafka import (
     replay_topic,
     true_end_offset,
 )
-from services.common.topics import CHECKPOINT_EVENTS, CONTROL
+from services.common.topics import CHECKPOINT_EVENTS, CONTROL, SINK_MARKERS
 from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_formats import STAT, V1, V2, confluent, reference_read, reference_schema
@@ -87,25 +89,44 @@ def unique(prefix: str) -> str:
 def read_output(
     bootstrap: str, topic: str, decode: Callable[[bytes], Any] = json.loads
 ) -> list[Output]:
-    """Everything committed to ``topic`` (read_committed), up to its true end offsets."""
+    """Everything committed to ``topic`` (read_committed), up to its true end offsets. A record
+    of an exactly-once epoch counts only when a sink marker carries its transaction's token: the
+    embedded broker shows aborted transactions to read_committed readers (a real Kafka hides
+    them, and there this changes nothing)."""
     consumer = Consumer(consumer_config(bootstrap, read_committed=True))
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         ends = {p: true_end_offset(consumer, topic, p) for p in partitions}
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        out: list[Output] = []
+        out: list[tuple[str | None, Output]] = []
         remaining = {p for p, end in ends.items() if end > 0}
         while remaining:
             for message in consumer.consume(10_000, 0.5):
                 if message.error() is None:
+                    token = dict(message.headers() or []).get(TRANSACTION_HEADER)
                     row = decode(message.value() or b"{}")
-                    out.append((row["kind"], row["account"], row["id"], row["value"]))
+                    out.append(
+                        (
+                            token.decode() if isinstance(token, bytes) else token,
+                            (row["kind"], row["account"], row["id"], row["value"]),
+                        )
+                    )
             for tp in consumer.position([TopicPartition(topic, p) for p in remaining]):
                 if tp.offset >= ends[tp.partition]:
                     remaining.discard(tp.partition)
-        return sorted(out)
     finally:
         consumer.close()
+    committed = committed_transactions(bootstrap) if any(t for t, _ in out) else set()
+    return sorted(row for token, row in out if token is None or token in committed)
+
+
+def committed_transactions(bootstrap: str) -> set[str]:
+    """The transaction tokens the sink markers carry (markers are committed with their epoch)."""
+    return {
+        r.event.transaction
+        for r in replay_topic(bootstrap, EventCodec(), SINK_MARKERS, read_committed=True)
+        if isinstance(r.event, SinkEpochPublished) and r.event.transaction
+    }
 
 
 def read_files(directory: Path) -> list[Output]:

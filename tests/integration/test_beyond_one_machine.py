@@ -5,6 +5,7 @@ the plain-Python reference each time."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,13 +13,19 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import s3fs
 
 from services.agent.example import payments, reference_output
+from services.agent.runtime import Agent, AgentOptions
 from services.agent.standalone import StandaloneCluster
+from services.common.avro import EventCodec
+from services.common.events import JobStatus
 from services.common.storage import PathOutsideRoots, Storage
+from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_agent import Output, difference, killed, read_output
 from tests.running_coordinator import Running, coordinator_in_thread
@@ -109,8 +116,6 @@ def finished(process: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]
 
 
 def read_parquet(url: str) -> list[Output]:
-    import s3fs
-
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
     out: list[Output] = []
     for path in sorted(fs.glob(f"{url}/part-*.parquet")):
@@ -121,8 +126,6 @@ def read_parquet(url: str) -> list[Output]:
 
 
 def objects(url: str) -> list[str]:
-    import s3fs
-
     return s3fs.S3FileSystem(skip_instance_cache=True).find(url)
 
 
@@ -200,7 +203,6 @@ def test_metadata_and_part_files_are_one_put_on_an_object_store(
     """No temporary object and no rename (on S3 a copy and a delete): the final key is written
     once, and a PUT shows all of an object or nothing."""
     import pandas as pd
-    import s3fs
 
     from services.agent.job import DeliveryGuarantee, FileSink
     from services.agent.sinks.files import FileSinkWriter
@@ -225,3 +227,62 @@ def test_metadata_and_part_files_are_one_put_on_an_object_store(
         "part-0000000003-r1-s0-abc.parquet"
     ]
     assert read_parquet(f"{bucket}/sink") == [("total", "a", 1, 5)]
+
+
+def test_savepoints_on_s3_are_self_contained_and_restore_with_another_parallelism(
+    coordinator: Running, bucket: str, spark: Any, payments_topic: str, expected: list[Output]
+) -> None:
+    """A savepoint and a stop-with-savepoint to s3://, listed, every state file inside the
+    savepoint's prefix; the job restored from the stop's savepoint with parallelism 3."""
+    name, output = f"s3-savepoints-{uuid.uuid4().hex[:8]}", f"stats-{uuid.uuid4().hex[:8]}"
+    job = build(name, payments_topic, output, max_records=100)
+    target = f"{bucket}/savepoints"
+    requests: dict[str, str] = {}
+    client = coordinator.client()
+
+    def operate(agent: Agent) -> None:
+        if "savepoint" not in requests and agent.completed_checkpoints:
+            body = {"target-directory": target, "cancel-job": False}
+            requests["savepoint"] = client.post(f"/jobs/{job.id}/savepoints", json=body).json()[
+                "request-id"
+            ]
+        elif (
+            "savepoint" in requests
+            and "stop" not in requests
+            and len(agent.completed_checkpoints) >= 3
+        ):
+            answer = client.post(f"/jobs/{job.id}/stop", json={"targetDirectory": target}).json()
+            requests["stop"] = answer["request-id"]
+
+    options = AgentOptions(coordinator.bootstrap, checkpoint_dir=f"{bucket}/checkpoints")
+    agent = Agent(job, options, EventCodec(), spark=spark)
+    agent.on_round = operate
+    assert agent.run() is JobStatus.FINISHED and "stop" in requests
+
+    def location(trigger: str) -> str:
+        answer = client.get(f"/jobs/{job.id}/savepoints/{trigger}").json()
+        assert answer["status"]["id"] == "COMPLETED", answer
+        return str(answer["operation"]["location"])
+
+    first, stopped = location(requests["savepoint"]), location(requests["stop"])
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    for savepoint in (first, stopped):
+        assert savepoint.startswith(f"{target}/")
+        metadata = json.loads(fs.cat(f"{savepoint}/_metadata"))
+        paths = [h["path"] for s in metadata["subtasks"] for h in s["state_handles"]]
+        assert paths and all("://" not in p and not p.startswith("/") for p in paths), paths
+        assert all(fs.exists(f"{savepoint}/{p}") for p in paths)
+    listed = client.get(f"/jobs/{job.id}/savepoints").json()
+    assert {first, stopped} <= {s["location"] for s in listed["savepoints"]}
+
+    restored = Agent(
+        job,
+        AgentOptions(coordinator.bootstrap, checkpoint_dir=f"{bucket}/checkpoints",
+                     restore=stopped, parallelism=3),
+        EventCodec(),
+        spark=spark,
+    )  # fmt: skip
+    assert restored.run() is JobStatus.FINISHED and restored.parallelism == 3
+    client.close()
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)

@@ -10,7 +10,6 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,13 +25,12 @@ from services.common.events import CheckpointEventType, CheckpointLifecycleEvent
 from services.common.kafka import (
     EventPublisher,
     end_offsets,
-    make_admin,
     make_consumer,
     make_producer,
     replay_topic,
     true_end_offset,
 )
-from services.common.topics import CHECKPOINT_EVENTS, CONFIG_CHANGES, JOBS, create_topics
+from services.common.topics import CHECKPOINT_EVENTS, CONFIG_CHANGES, JOBS
 from services.history import model
 from tests.conftest import KafkaUnderTest
 from tests.factories import config_change, job_registered
@@ -40,16 +38,6 @@ from tests.running_coordinator import Running, coordinator_in_thread, wait
 from tests.running_history import HistoryProcess
 
 PERIODIC = {"execution.checkpointing.interval": "100ms"}
-
-
-@pytest.fixture
-def history(kafka: KafkaUnderTest, topic_prefix: str, tmp_path: Path) -> Iterator[HistoryProcess]:
-    create_topics(make_admin(kafka.bootstrap), partitions=2)
-    process = HistoryProcess(kafka.bootstrap, tmp_path)
-    try:
-        yield process
-    finally:
-        process.kill()
 
 
 def replayed(bootstrap: str, codec: EventCodec, job_id: str) -> model.Doc:
