@@ -40,6 +40,7 @@ bench: install
 	$(BIN)/python bench/flink_rest.py
 	$(BIN)/python bench/history.py
 	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/cluster.py
 	$(BIN)/python bench/unaligned.py
 	$(BIN)/python bench/failover.py
 	$(BIN)/python bench/recovery.py

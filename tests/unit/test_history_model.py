@@ -223,3 +223,21 @@ def test_a_document_survives_a_json_round_trip_unchanged_in_meaning() -> None:
     assert model.checkpoints_json(copy)["counts"] == {
         "restored": 0, "total": 1, "in_progress": 0, "completed": 1, "failed": 0,
     }  # fmt: skip
+
+
+def test_a_finished_job_started_again_and_rescaled_is_one_history_with_a_new_run() -> None:
+    finished = JobStatusChanged(JOB, "agent-a", 0, JobStatus.FINISHED, T0 + 9_000)
+    again = replace(
+        job_registered(parallelism=4), attempt=0, agent_id="agent-b", timestamp=T0 + 60_000
+    )
+    doc = fold([job_registered(), lifecycle(1, CheckpointEventType.TRIGGERED, 0),
+                completed(1, 40, 40), finished, again])  # fmt: skip
+    overview = model.overview_json(doc)
+    assert (overview["state"], overview["start-time"], overview["end-time"]) == (
+        "RUNNING",
+        T0 + 60_000,
+        -1,
+    )
+    assert doc["parallelism"] == 4 and overview["tasks"]["running"] == 4
+    assert [a["agent_id"] for a in doc["attempts"]] == ["agent-a", "agent-b"]
+    assert model.checkpoints_json(doc)["counts"]["completed"] == 1, "the earlier run's are kept"
