@@ -83,14 +83,16 @@ class Slow(PaymentStats):
 class FailingOnce(PaymentStats):
     """The example function, failing once when it first sees a payment id at or above
     ``at_id``: the marker file records that it failed (tasks run in other processes), so the
-    restarted job gets past that point."""
+    restarted job gets past that point. With ``after``, only once that file exists."""
 
-    def __init__(self, at_id: int, marker: str) -> None:
+    def __init__(self, at_id: int, marker: str, after: str | None = None) -> None:
         self.at_id = at_id
         self.marker = marker
+        self.after = after
 
     def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
-        if int(records["id"].max()) >= self.at_id and not Path(self.marker).exists():
+        armed = self.after is None or Path(self.after).exists()
+        if armed and int(records["id"].max()) >= self.at_id and not Path(self.marker).exists():
             Path(self.marker).write_text("failed once")
             raise RuntimeError(f"scripted failure at payment {self.at_id}")
         return super().process(records, state)

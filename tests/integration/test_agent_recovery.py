@@ -84,7 +84,10 @@ def test_a_function_that_fails_once_restarts_the_job_and_the_output_is_exact(
 ) -> None:
     output = unique("stats")
     job = build(unique("once"), topic, output, max_records=100, settings=FAST_RESTARTS)
-    job = replace(job, function=FailingOnce(RECORDS // 2, str(tmp_path / "failed")))
+    renewed = tmp_path / "renewed"  # the function fails only in a round of the renewed sink,
+    # so its failure is a restart of its own, never folded into the commit's (under load the two
+    # could land in one iteration of the loop)
+    job = replace(job, function=FailingOnce(RECORDS // 2, str(tmp_path / "failed"), str(renewed)))
 
     status, agent = run_in_process(job, coordinator, spark)
 
@@ -113,7 +116,10 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
     later restarts the job with every commit through: that sink is kept."""
     output = unique("stats")
     job = build(unique("commit"), topic, output, max_records=100, settings=FAST_RESTARTS)
-    job = replace(job, function=FailingOnce(RECORDS // 2, str(tmp_path / "failed")))
+    renewed = tmp_path / "renewed"  # the function fails only in a round of the renewed sink,
+    # so its failure is a restart of its own, never folded into the commit's (under load the two
+    # could land in one iteration of the loop)
+    job = replace(job, function=FailingOnce(RECORDS // 2, str(tmp_path / "failed"), str(renewed)))
     agent = in_process(job, coordinator, spark)
     first_sink = agent.sink
     send = first_sink._send
@@ -130,7 +136,13 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
 
     first_sink._send = refuse_the_first_marker  # type: ignore[method-assign]
     sinks: list[object] = []
-    agent.on_round = lambda running: sinks.append(running.sink)
+
+    def on_round(running: Agent) -> None:
+        sinks.append(running.sink)
+        if running.sink is not first_sink:
+            renewed.touch()
+
+    agent.on_round = on_round
 
     status = agent.run()
 

@@ -230,10 +230,14 @@ def test_metadata_and_part_files_are_one_put_on_an_object_store(
 
 
 def test_savepoints_on_s3_are_self_contained_and_restore_with_another_parallelism(
-    coordinator: Running, bucket: str, spark: Any, payments_topic: str, expected: list[Output]
-) -> None:
+    coordinator: Running, s3: S3Server, bucket: str, spark: Any, payments_topic: str,
+    expected: list[Output],
+) -> None:  # fmt: skip
     """A savepoint and a stop-with-savepoint to s3://, listed, every state file inside the
     savepoint's prefix; the job restored from the stop's savepoint with parallelism 3."""
+    # the session's Spark started before the S3 server: its Python workers learn the
+    # credentials from the context's environment (as spark.executorEnv.* on a cluster)
+    spark.sparkContext.environment.update(s3.environment())
     name, output = f"s3-savepoints-{uuid.uuid4().hex[:8]}", f"stats-{uuid.uuid4().hex[:8]}"
     job = build(name, payments_topic, output, max_records=100)
     target = f"{bucket}/savepoints"
