@@ -8,6 +8,7 @@ them all. ``--follow`` then goes on printing events as they are written, until i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -134,12 +135,28 @@ def fates(events: Iterable[Event], job_id: str | None = None) -> dict[tuple[str,
 
 
 def _describe_change(change: ConfigChange) -> str:
+    return change_text(
+        change.principal, change.changed_fields, dataclasses.asdict(change.old),
+        dataclasses.asdict(change.new), change.request_id, change.override_version,
+    )  # fmt: skip
+
+
+def change_text(
+    principal: str,
+    changed_fields: Iterable[str],
+    old: dict[str, Any],
+    new: dict[str, Any],
+    request_id: str,
+    override_version: int,
+) -> str:
+    """One configuration change in words, whether it came from the topic or the history
+    service (whose documents keep the settings as dicts without the unset ones)."""
     parts = [
-        f"{name} {getattr(change.old, REST_FIELDS[name])} -> {getattr(change.new, REST_FIELDS[name])}"
-        for name in change.changed_fields
+        f"{name} {old.get(REST_FIELDS[name])} -> {new.get(REST_FIELDS[name])}"
+        for name in changed_fields
         if name in REST_FIELDS
     ]
-    return f"{change.principal} changed {', '.join(parts)} (request {change.request_id}, override v{change.override_version})"
+    return f"{principal} changed {', '.join(parts)} (request {request_id}, override v{override_version})"
 
 
 def _describe_lifecycle(event: CheckpointLifecycleEvent) -> str:
@@ -157,7 +174,6 @@ def _describe_lifecycle(event: CheckpointLifecycleEvent) -> str:
 
 
 def _record(event: Event) -> dict[str, Any]:
-    import dataclasses
     import enum
 
     def plain(value: Any) -> Any:
@@ -262,15 +278,10 @@ def _history_entries(doc: dict[str, Any]) -> list[Entry]:
     job = doc["job_id"]
     out = []
     for change in doc["config_changes"]:
-        parts = [
-            f"{name} {change['old'].get(REST_FIELDS[name])} -> {change['new'].get(REST_FIELDS[name])}"
-            for name in change["changed_fields"]
-            if name in REST_FIELDS
-        ]
-        text = (
-            f"{change['principal']} changed {', '.join(parts)} "
-            f"(request {change['request_id']}, override v{change['override_version']})"
-        )
+        text = change_text(
+            change["principal"], change["changed_fields"], change["old"], change["new"],
+            change["request_id"], change["override_version"],
+        )  # fmt: skip
         record = {"type": "ConfigChange", "job_id": job} | change
         out.append(Entry(change["changed_at"], job, "config", text, record))
     for entry in doc["history"]:

@@ -415,12 +415,11 @@ def _tasks(doc: Doc) -> Doc:
 def job_json(doc: Doc) -> Doc:
     """``GET /jobs/:id`` of the history service: the overview plus what the history keeps about
     the job itself (attempts, failures, configuration in force, savepoints)."""
-    configuration = dict(doc["configuration"])
     return overview_json(doc) | {
         "parallelism": doc["parallelism"],
         "attempts": doc["attempts"],
         "failures": doc["failures"],
-        "configuration": configuration,
+        "configuration": doc["configuration"],
         "overrides": doc["overrides"],
         "config_change_count": doc["config_change_count"],
         "savepoints": doc["savepoints"],
