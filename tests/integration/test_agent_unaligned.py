@@ -244,3 +244,53 @@ def test_a_checkpoint_during_recovery_after_a_rescale_persists_only_owned_rows_a
     )
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, f"{replay}\n{difference(got, expected)}"
+
+
+def test_a_restore_without_channel_state_drops_exactly_the_records_in_flight_and_warns(
+    coordinator: Running,
+    payments_topic: str,
+    expected: list[Output],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``execution.state-recovery.without-channel-state.checkpoint-id`` (Flink's escape hatch for
+    channel state that cannot be read): killed after a checkpoint that persisted in-flight
+    records, restored from it with the option naming it. The restore queues no channel state,
+    says loudly what it drops, and the job runs to its end: the records that were in flight are
+    the ones, and the only ones, missing from the committed output (the sources resume at the
+    barrier, after them)."""
+    monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED_EVERY_300_MS))
+    monkeypatch.setenv("TEST_SLOW_MS", str(SLOW_MS))
+    name, output = unique("dropping"), unique("stats")
+    first = agent_process(
+        coordinator, name, payments_topic, output,
+        crash_at="after-complete-in-flight:1", max_records=400,
+    )  # fmt: skip
+    assert killed(first), first.stderr[-3000:]
+    with coordinator.client() as client:
+        history = client.get(f"/jobs/{name}/checkpoints").json()["history"]
+    latest = max((c for c in history if c["status"] == "COMPLETED"), key=lambda c: int(c["id"]))
+    assert latest["persisted_data"] > 0, "the checkpoint the agent was killed after"
+    in_flight: set[int] = set()
+    for manifest in Path(latest["external_path"]).glob("channel-*.json"):
+        subtask = int(manifest.stem.split("-")[1])
+        for state_file in channel_state.read_manifest(str(manifest), subtask):
+            in_flight |= set(from_ipc(state_file.path)["id"].tolist())
+    assert in_flight
+
+    drop = {"execution.state-recovery.without-channel-state.checkpoint-id": str(latest["id"])}
+    monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED | drop))
+    monkeypatch.setenv("TEST_SLOW_MS", "0")
+    second = agent_process(
+        coordinator, name, payments_topic, output, "--restore", "latest", max_records=400
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"DROPPING the channel state of checkpoint {latest['id']}" in second.stderr
+    assert queued_channel_state(second.stderr) == 0
+    got = read_output(coordinator.bootstrap, output)
+    totals = {record_id for kind, _, record_id, _ in got if kind == "total"}
+    want = {record_id for kind, _, record_id, _ in expected if kind == "total"}
+    assert in_flight <= want, "in-flight records are input records"
+    assert totals == want - in_flight, (
+        f"missing beyond the in-flight records: {sorted(want - in_flight - totals)[:10]}, "
+        f"in-flight records processed anyway: {sorted(totals & in_flight)[:10]}"
+    )
