@@ -90,7 +90,13 @@ def fleet_agent(
         Subtask,
         TriggerCheckpoint,
     )
-    from services.common.kafka import EventPublisher, EventSubscriber, make_consumer, make_producer
+    from services.common.kafka import (
+        ConsumerProfile,
+        EventPublisher,
+        EventSubscriber,
+        make_consumer,
+        make_producer,
+    )
     from services.common.keygroups import key_group_range
     from services.common.topics import ACKS, CONTROL, JOBS
 
@@ -120,7 +126,7 @@ def fleet_agent(
         return done
 
     publisher._ensure_poller()  # delivery reports as they come, on the publisher's own thread
-    subscriber = EventSubscriber(make_consumer(bootstrap), codec)
+    subscriber = EventSubscriber(make_consumer(bootstrap, profile=ConsumerProfile.CONTROL), codec)
     subscriber.assign([TopicPartition(CONTROL.name(), p, 0) for p in range(partitions)])
     mine = set(jobs)
     while not stop.is_set():

@@ -99,6 +99,7 @@ from services.common.events import (
     TriggerCheckpoint,
 )
 from services.common.kafka import (
+    ConsumerProfile,
     EventPublisher,
     EventSubscriber,
     end_offsets,
@@ -690,7 +691,7 @@ class Agent(SubtaskCheckpointing):
 
     def _open_control(self) -> None:
         resume = self._control_resume
-        consumer = make_consumer(self.options.bootstrap)
+        consumer = make_consumer(self.options.bootstrap, profile=ConsumerProfile.CONTROL)
         topic = CONTROL.name()
         partitions = len(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
         self.partition = partition_of(self.job_id, partitions)

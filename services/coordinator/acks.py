@@ -18,7 +18,13 @@ from confluent_kafka import TopicPartition
 
 from services.common.avro import EventCodec
 from services.common.events import AcknowledgeCheckpoint
-from services.common.kafka import EventSubscriber, Malformed, Received, make_consumer
+from services.common.kafka import (
+    ConsumerProfile,
+    EventSubscriber,
+    Malformed,
+    Received,
+    make_consumer,
+)
 from services.common.topics import ACKS
 from services.coordinator.trace import StepTrace, wall_ms
 
@@ -56,7 +62,9 @@ class AckReader:
                 self._wanted.pop(partition, None)
 
     def run(self) -> None:
-        consumer = make_consumer(self.bootstrap, client_id=self.client_id)
+        consumer = make_consumer(
+            self.bootstrap, client_id=self.client_id, profile=ConsumerProfile.CONTROL
+        )
         subscriber = EventSubscriber(consumer, self.codec, self.on_malformed)
         assigned: dict[int, int] = {}
         try:
