@@ -7,8 +7,8 @@ Consumer profiles (measured on the embedded broker, which holds every fetch for 
 - CONTROL: ``fetch.wait.max.ms=5`` for the readers on a checkpoint's critical path: the agent's
   control events (triggers, completions) and the coordinator's acknowledgements. Measured on
   this machine's broker, produce to consume on one partition: p50 2.0 ms / p90 3.8 ms against
-  2.8 / 5.8 with 10 ms (1 ms gives 2.0 / 2.5: a floor of the broker's, for twice the idle
-  fetches). Three such hops per checkpoint.
+  2.8 / 5.8 with 10 ms, for twice the empty fetches of an idle reader (1 ms gives 2.0 / 2.5:
+  the broker's floor, for ten times). Three such reads per checkpoint.
 - LIVE: ``fetch.wait.max.ms=10`` for the other live readers (sources, registrations).
 - REPLAY: ``fetch.wait.max.ms=100`` for reading a topic from the start (compacted stores,
   audit replays). With 10 ms a reader of 20,000 one-record batches got 16,591 of them in 30 s;

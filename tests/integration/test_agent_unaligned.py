@@ -65,6 +65,31 @@ def queued_channel_state(stderr: str) -> int:
     return sum(int(n) for n in found)
 
 
+def killed_with_records_in_flight(
+    coordinator: Running, monkeypatch: pytest.MonkeyPatch, topic: str, prefix: str, nth: int
+) -> tuple[str, str]:
+    """A first run of the slow job, unaligned every 300 ms, SIGKILLed right after the ``nth``
+    completed checkpoint that persisted queued records (whether one does depends on timing, so
+    the kill waits for it); (job name, output topic). At the default 1 s interval, two
+    checkpoints with records in flight within the input's 4 s were not certain."""
+    monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED_EVERY_300_MS))
+    monkeypatch.setenv("TEST_SLOW_MS", str(SLOW_MS))
+    name, output = unique(prefix), unique("stats")
+    first = agent_process(
+        coordinator, name, topic, output,
+        crash_at=f"after-complete-in-flight:{nth}", max_records=400,
+    )  # fmt: skip
+    assert killed(first), first.stderr[-3000:]
+    return name, output
+
+
+def latest_completed(coordinator: Running, name: str) -> dict[str, Any]:
+    """The job's completed checkpoint with the highest id, as REST's history shows it."""
+    with coordinator.client() as client:
+        history = client.get(f"/jobs/{name}/checkpoints").json()["history"]
+    return max((c for c in history if c["status"] == "COMPLETED"), key=lambda c: int(c["id"]))
+
+
 def test_unaligned_checkpoints_through_kills_and_rescales_2_4_1_commit_exactly_the_reference(
     coordinator: Running,
     payments_topic: str,
@@ -78,21 +103,11 @@ def test_unaligned_checkpoints_through_kills_and_rescales_2_4_1_commit_exactly_t
     while the restored records are processed, and the agent is killed at such a decline, inside
     recovery. The last run, parallelism 1, restores the same checkpoint again and runs to the
     end."""
-    # checkpoints every 300 ms: at the default 1 s, two checkpoints with records in flight (first
-    # run) and two triggers during a recovery of about a second (second run) were not certain
-    monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED_EVERY_300_MS))
-    monkeypatch.setenv("TEST_SLOW_MS", str(SLOW_MS))
-    name, output = unique("unaligned"), unique("stats")
-
-    first = agent_process(
-        coordinator,
-        name,
-        payments_topic,
-        output,
-        crash_at="after-complete-in-flight:2",
-        max_records=400,
+    # checkpoints every 300 ms: at the default 1 s, two triggers during a recovery of about a
+    # second (second run) were not certain either
+    name, output = killed_with_records_in_flight(
+        coordinator, monkeypatch, payments_topic, "unaligned", 2
     )
-    assert killed(first), first.stderr[-3000:]
     second = agent_process(
         coordinator, name, payments_topic, output, "--restore", "latest", "--parallelism", "4",
         crash_at="declined-in-recovery:2", max_records=400,
@@ -195,16 +210,9 @@ def test_a_checkpoint_during_recovery_after_a_rescale_persists_only_owned_rows_a
     during_last = random.Random(seed).random() < 0.5
     replay = f"third run with during-recovery {'on' if during_last else 'off'} (SPARKPOINT_TEST_SEED={seed})"
     print(replay)
-    # checkpoints every 300 ms: the input lasts about 4 s, and at the default 1 s two of its three
-    # periodic checkpoints did not always find records in flight (1 run in 4 was never killed)
-    monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED_EVERY_300_MS))
-    monkeypatch.setenv("TEST_SLOW_MS", str(SLOW_MS))
-    name, output = unique("recovering"), unique("stats")
-    first = agent_process(
-        coordinator, name, payments_topic, output,
-        crash_at="after-complete-in-flight:2", max_records=400,
-    )  # fmt: skip
-    assert killed(first), first.stderr[-3000:]
+    name, output = killed_with_records_in_flight(
+        coordinator, monkeypatch, payments_topic, "recovering", 2
+    )
 
     monkeypatch.setenv("TEST_SETTINGS", json.dumps(DURING_RECOVERY))
     monkeypatch.setenv("TEST_SLOW_MS", str(5 * SLOW_MS))
@@ -218,11 +226,7 @@ def test_a_checkpoint_during_recovery_after_a_rescale_persists_only_owned_rows_a
     assert re.search(r"checkpoint \d+ completed during recovery", second.stderr), second.stderr[
         -3000:
     ]
-    with coordinator.client() as client:
-        history = client.get(f"/jobs/{name}/checkpoints").json()["history"]
-    during = max(
-        (c for c in history if c["status"] == "COMPLETED"), key=lambda c: int(c["id"])
-    )  # the checkpoint the second run was killed after
+    during = latest_completed(coordinator, name)  # the checkpoint the second run was killed after
     manifests = sorted(Path(during["external_path"]).glob("channel-*.json"))
     assert manifests, "it carried channel state"
     for manifest in manifests:
@@ -258,17 +262,10 @@ def test_a_restore_without_channel_state_drops_exactly_the_records_in_flight_and
     says loudly what it drops, and the job runs to its end: the records that were in flight are
     the ones, and the only ones, missing from the committed output (the sources resume at the
     barrier, after them)."""
-    monkeypatch.setenv("TEST_SETTINGS", json.dumps(UNALIGNED_EVERY_300_MS))
-    monkeypatch.setenv("TEST_SLOW_MS", str(SLOW_MS))
-    name, output = unique("dropping"), unique("stats")
-    first = agent_process(
-        coordinator, name, payments_topic, output,
-        crash_at="after-complete-in-flight:1", max_records=400,
-    )  # fmt: skip
-    assert killed(first), first.stderr[-3000:]
-    with coordinator.client() as client:
-        history = client.get(f"/jobs/{name}/checkpoints").json()["history"]
-    latest = max((c for c in history if c["status"] == "COMPLETED"), key=lambda c: int(c["id"]))
+    name, output = killed_with_records_in_flight(
+        coordinator, monkeypatch, payments_topic, "dropping", 1
+    )
+    latest = latest_completed(coordinator, name)
     assert latest["persisted_data"] > 0, "the checkpoint the agent was killed after"
     in_flight: set[int] = set()
     for manifest in Path(latest["external_path"]).glob("channel-*.json"):
