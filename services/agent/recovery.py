@@ -90,7 +90,7 @@ def filter_restored(task: FilterTask) -> FilterResult:
     kept: list[pa.Table] = []
     read = 0
     for path, (first, last) in task.files:
-        table, size = read_table(path)
+        table, size = read_table(path, memory_map=False)  # read once, cold: see read_table
         read += size
         groups = table[KEY_GROUP_COLUMN]
         bounds = pc.min_max(groups)

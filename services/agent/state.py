@@ -172,13 +172,19 @@ def write_table(path: str, table: pa.Table) -> int:
         return int(out.tell())
 
 
-def read_table(path: str) -> tuple[pa.Table, int]:
+def read_table(path: str, memory_map: bool = True) -> tuple[pa.Table, int]:
     """An Arrow IPC stream file as a table, and the file's bytes: memory-mapped on local disk
-    (its pages are not copied into the process), read whole elsewhere."""
+    (its pages are not copied into the process), read whole elsewhere. ``memory_map=False``
+    reads a local file into memory with plain reads: for a file read once and not in the page
+    cache, the kernel's read-ahead beats faulting the mapping in page by page (splitting
+    restored channel state: 370-440 -> 500-570 MB/s on this machine)."""
     local = local_path(path)
     if local is None:
         data = read_file(path)
         return ipc.open_stream(pa.BufferReader(data)).read_all(), len(data)
+    if not memory_map:
+        with pa.OSFile(local) as source:
+            return ipc.open_stream(source).read_all(), int(source.size())
     source = pa.memory_map(local)  # the table's buffers keep the mapping alive
     return ipc.open_stream(source).read_all(), int(source.size())
 
