@@ -47,6 +47,9 @@ ATTEMPTS_KEPT = 20
 FAILURES_KEPT = 20
 CHANGES_KEPT = 500
 SAVEPOINTS_KEPT = 100
+IN_PROGRESS_KEPT = 100
+"""Checkpoints counted as in progress at most (the newest): an owner that died mid-checkpoint
+sends no final event for it."""
 
 ENDED = {JobStatus.FINISHED.value, JobStatus.CANCELED.value, JobStatus.FAILED.value}
 FAILED_TYPES = {CheckpointEventType.FAILED, CheckpointEventType.EXPIRED}
@@ -202,7 +205,8 @@ def _lifecycle(doc: Doc, event: CheckpointLifecycleEvent, keep: int) -> None:
     if kind is CheckpointEventType.TRIGGERED:
         if entry is None:
             _remember(doc, _entry(event), keep)
-            doc["in_progress"] = sorted({*doc["in_progress"], event.checkpoint_id})
+            in_progress = sorted({*doc["in_progress"], event.checkpoint_id})
+            doc["in_progress"] = in_progress[-IN_PROGRESS_KEPT:]
         return
     if kind in (CheckpointEventType.SUBSUMED, CheckpointEventType.DISCARDED):
         if entry is not None and entry["status"] == "COMPLETED":
@@ -210,8 +214,10 @@ def _lifecycle(doc: Doc, event: CheckpointLifecycleEvent, keep: int) -> None:
         return
     if event.checkpoint_id in doc["in_progress"]:
         doc["in_progress"] = [i for i in doc["in_progress"] if i != event.checkpoint_id]
-    elif entry is not None:
+    elif entry is not None and entry["status"] != "IN_PROGRESS":
         return  # a final status is final: a late FAILED for a completed id changes nothing
+    if kind is CheckpointEventType.COMPLETED and not event.snapshot_type.is_savepoint:
+        _drop_subsumed_pending(doc, event.checkpoint_id)
     if entry is None:  # its trigger was not seen, or is no longer among the kept entries
         entry = _remember(doc, _entry(event), keep)
     epoch = doc["epochs"].setdefault(str(event.owner_epoch), {"completed": 0, "failed": 0})
@@ -283,6 +289,18 @@ def _remember(doc: Doc, entry: Doc, keep: int) -> Doc:
     history = sorted([entry, *doc["history"]], key=lambda e: e["id"], reverse=True)
     doc["history"] = history[:keep]
     return entry
+
+
+def _drop_subsumed_pending(doc: Doc, checkpoint_id: int) -> None:
+    """A completed checkpoint ends every older one still pending but savepoints (Flink's
+    CheckpointCoordinator aborts them as subsumed): they no longer count as in progress, even
+    if no final event of theirs ever comes (an owner that died mid-checkpoint sends none)."""
+
+    def savepoint(pending: int) -> bool:
+        entry = _find(doc, pending)
+        return entry is not None and bool(entry["is_savepoint"])
+
+    doc["in_progress"] = [i for i in doc["in_progress"] if i > checkpoint_id or savepoint(i)]
 
 
 def _find(doc: Doc, checkpoint_id: int) -> Doc | None:

@@ -241,3 +241,25 @@ def test_a_finished_job_started_again_and_rescaled_is_one_history_with_a_new_run
     assert doc["parallelism"] == 4 and overview["tasks"]["running"] == 4
     assert [a["agent_id"] for a in doc["attempts"]] == ["agent-a", "agent-b"]
     assert model.checkpoints_json(doc)["counts"]["completed"] == 1, "the earlier run's are kept"
+
+
+def test_checkpoints_left_pending_by_a_dead_owner_stop_counting_as_in_progress() -> None:
+    """An owner that dies mid-checkpoint sends no final event: a later completion ends the
+    older pending checkpoints (not a savepoint), and the pending list stays bounded whatever
+    happens. A final event that comes late still counts."""
+    doc = fold([
+        lifecycle(1, CheckpointEventType.TRIGGERED, 0),
+        lifecycle(2, CheckpointEventType.TRIGGERED, 10, snapshot=SnapshotType.SAVEPOINT),
+        lifecycle(3, CheckpointEventType.TRIGGERED, 20, epoch=2),
+        completed(3, 60, 40, epoch=2),
+    ])  # fmt: skip
+    assert doc["in_progress"] == [2]
+    assert model.checkpoints_json(doc)["counts"]["in_progress"] == 1
+    late = lifecycle(1, CheckpointEventType.FAILED, 70, duration_ms=70,
+                     failure_reason=CheckpointFailureReason.CHECKPOINT_SUBSUMED)  # fmt: skip
+    model.apply(doc, late, "audit", 0, 99, model.CHECKPOINT_HISTORY)
+    assert model.checkpoints_json(doc)["counts"]["failed"] == 1
+    assert model._find(doc, 1)["status"] == "FAILED"  # type: ignore[index]
+
+    many = fold([lifecycle(i, CheckpointEventType.TRIGGERED, i) for i in range(1, 300)])
+    assert many["in_progress"] == list(range(300 - model.IN_PROGRESS_KEPT, 300))
