@@ -133,7 +133,9 @@ def test_everything_on_s3_through_a_kill_and_a_rescaled_restore(
     coordinator: Running, bucket: str, payments_topic: str, expected: list[Output]
 ) -> None:
     """Checkpoints with their state, channel segments, and the file sink's part files on S3: an
-    agent SIGKILLed mid-batch with segments in flight, restored from S3 with parallelism 3."""
+    agent SIGKILLed mid-batch with segments in flight, restored from S3 with parallelism 3; the
+    finished job started again from latest restores its final checkpoint from S3 and emits
+    nothing."""
     name = f"s3-{uuid.uuid4().hex[:8]}"
     output, channels = f"{bucket}/out/{name}", f"{bucket}/channels"
     common = ("--channel-dir", channels)
@@ -153,6 +155,13 @@ def test_everything_on_s3_through_a_kill_and_a_rescaled_restore(
     assert got == expected, difference(got, expected)
     assert not [p for p in objects(output) if "inprogress" in p], "no part file left in progress"
     assert objects(f"{channels}") == [], "each run's segments are gone once it ended"
+
+    parts = objects(output)
+    again = finished(agent(coordinator, bucket, name, payments_topic, output, *common,
+                           "--restore", "latest", sink="files"))  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "restored from its final checkpoint (its input ended there): finished" in again.stderr
+    assert objects(output) == parts, "nothing published again"
 
 
 def test_storage_roots_confine_s3_urls(bucket: str) -> None:
