@@ -177,7 +177,7 @@ def read_table(path: str, memory_map: bool = True) -> tuple[pa.Table, int]:
     (its pages are not copied into the process), read whole elsewhere. ``memory_map=False``
     reads a local file into memory with plain reads: for a file read once and not in the page
     cache, the kernel's read-ahead beats faulting the mapping in page by page (splitting
-    restored channel state: 370-440 -> 500-570 MB/s on this machine)."""
+    restored channel state: 370-440 -> 500-530 MB/s on this machine)."""
     local = local_path(path)
     if local is None:
         data = read_file(path)
