@@ -212,10 +212,9 @@ def _lifecycle(doc: Doc, event: CheckpointLifecycleEvent, keep: int) -> None:
         if entry is not None and entry["status"] == "COMPLETED":
             entry["discarded"] = True
         return
-    if event.checkpoint_id in doc["in_progress"]:
-        doc["in_progress"] = [i for i in doc["in_progress"] if i != event.checkpoint_id]
-    elif entry is not None and entry["status"] != "IN_PROGRESS":
+    if entry is not None and entry["status"] != "IN_PROGRESS":
         return  # a final status is final: a late FAILED for a completed id changes nothing
+    doc["in_progress"] = [i for i in doc["in_progress"] if i != event.checkpoint_id]
     if kind is CheckpointEventType.COMPLETED and not event.snapshot_type.is_savepoint:
         _drop_subsumed_pending(doc, event.checkpoint_id)
     if entry is None:  # its trigger was not seen, or is no longer among the kept entries
