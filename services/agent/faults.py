@@ -2,6 +2,8 @@
 the agent process with SIGKILL the n-th time (default: first) it passes the named point. Points:
 
 - ``mid-batch``: stage 1 of a round fetched records, before stage 2 processed them;
+- ``mid-batch-after-complete``: the same, counting only rounds after a checkpoint completed (so
+  a restore finds one, however slow the storage);
 - ``after-ack``: a checkpoint was acknowledged, before its completion was processed;
 - ``after-complete``: a checkpoint's completion arrived, before the sinks committed its epoch;
 - ``after-complete-in-flight``: the same, counting only checkpoints that persisted in-flight
@@ -22,7 +24,7 @@ import signal
 import sys
 
 POINTS = (
-    "mid-batch", "after-ack", "after-complete", "after-complete-in-flight", "mid-publish",
+    "mid-batch", "mid-batch-after-complete", "after-ack", "after-complete", "after-complete-in-flight", "mid-publish",
     "declined-in-recovery", "during-recovery",
 )  # fmt: skip
 

@@ -890,6 +890,8 @@ class Agent(SubtaskCheckpointing):
             self.input_bytes += result.bytes_read
         if fetched:
             crash_point("mid-batch")
+            if self.completed_checkpoints:
+                crash_point("mid-batch-after-complete")
         return fetched > 0
 
     # --- stage 2 ---------------------------------------------------------------------------------
