@@ -29,7 +29,7 @@ from services.common.avro import (
     UndecodableEvent,
     schema_dir,
 )
-from services.common.avro_compiled import _write_long
+from services.common.avro_compiled import _write_long, compile_codec
 from services.common.events import (
     EVENT_TYPES,
     AcknowledgeCheckpoint,
@@ -392,3 +392,49 @@ def test_a_negative_length_is_refused_before_it_moves_the_reader_back(codec: Eve
     hostile = encoded[:HEADER_SIZE] + _write_long(-1) + encoded[after_job_id:]
     with pytest.raises(UndecodableEvent, match="string of -1 bytes"):
         codec.decode(hostile)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Node:
+    """A record that refers to itself: not in any event, but the compiled codec must not inline
+    a record into itself for ever."""
+
+    name: str
+    weight: int
+    children: list[Node]
+    parent_name: str | None
+
+
+NODE_SCHEMA = {
+    "type": "record",
+    "name": "Node",
+    "namespace": "test",
+    "fields": [
+        {"name": "name", "type": "string"},
+        {"name": "weight", "type": "long"},
+        {"name": "children", "type": {"type": "array", "items": "Node"}},
+        {"name": "parent_name", "type": ["null", "string"]},
+    ],
+}
+
+
+def test_a_recursive_record_is_read_and_written_through_its_own_function() -> None:
+    tree = Node(
+        "root",
+        -(2**40),
+        [Node("a" * 200, 300, [Node("leaf", 1, [], "a" * 200)], "root"), Node("b", 0, [], "root")],
+        None,
+    )
+    read, write = compile_codec(NODE_SCHEMA, Node)
+    out = bytearray()
+    write(tree, out)
+    reference = io.BytesIO()
+    fastavro.schemaless_writer(reference, fastavro.parse_schema(NODE_SCHEMA), to_dict(tree))
+    assert bytes(out) == reference.getvalue()
+    decoded, end = read(bytes(out), 0)
+    assert (decoded, end) == (tree, len(out))
+    assert type(decoded.children[0].children[0]) is Node
+
+
+def to_dict(node: Node) -> dict[str, Any]:
+    return {**dataclasses.asdict(node), "children": [to_dict(c) for c in node.children]}
