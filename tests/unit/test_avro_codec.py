@@ -429,12 +429,10 @@ def test_a_recursive_record_is_read_and_written_through_its_own_function() -> No
     out = bytearray()
     write(tree, out)
     reference = io.BytesIO()
-    fastavro.schemaless_writer(reference, fastavro.parse_schema(NODE_SCHEMA), to_dict(tree))
+    fastavro.schemaless_writer(
+        reference, fastavro.parse_schema(NODE_SCHEMA), dataclasses.asdict(tree)
+    )
     assert bytes(out) == reference.getvalue()
     decoded, end = read(bytes(out), 0)
     assert (decoded, end) == (tree, len(out))
     assert type(decoded.children[0].children[0]) is Node
-
-
-def to_dict(node: Node) -> dict[str, Any]:
-    return {**dataclasses.asdict(node), "children": [to_dict(c) for c in node.children]}
