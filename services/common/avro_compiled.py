@@ -76,8 +76,9 @@ class _Compiler:
         self.records: dict[str, _Record] = {}
         """Avro full name -> the record's schema, class and function names."""
         self._open: set[str] = set()
-        """Records whose functions are being generated: a reference to one of them from inside
-        itself (a recursive schema) calls its function; any other reference is inlined."""
+        """Records whose fields are being generated (in their function or inline): a reference
+        to one of them from inside itself (a recursive schema) calls its function; any other
+        reference is inlined."""
 
     def record(self, schema: dict[str, Any], cls: type, namespace: str) -> _Record:
         """The reader and writer functions of a record type, generated on first sight."""
@@ -87,9 +88,18 @@ class _Compiler:
         space = schema.get("namespace", namespace)
         if sorted(f.name for f in fields(cls)) != sorted(f["name"] for f in schema["fields"]):
             raise ValueError(f"{cls.__name__} and schema {full} have different fields")
-        found = _Record(schema, cls, space, self.src.name("read_"), self.src.name("write_"))
+        found = _Record(
+            full,
+            schema,
+            cls,
+            space,
+            typing.get_type_hints(cls),
+            self.src.const(_twin(cls), "twin_"),
+            self.src.const(cls, "cls_"),
+            self.src.name("read_"),
+            self.src.name("write_"),
+        )
         self.records[full] = found
-        self._open.add(full)
         saved = self.src.lines
         self.src.lines = [f"def {found.reader}(data, pos):"]
         self._read_fields(found, "obj", 1)
@@ -99,7 +109,6 @@ class _Compiler:
         self.src.emit(1, "return None")
         self.src.functions.append("\n".join(self.src.lines))
         self.src.lines = saved
-        self._open.discard(full)
         return found
 
     def _read_fields(self, record: _Record, target: str, indent: int) -> None:
@@ -107,23 +116,23 @@ class _Compiler:
         __init__ (a frozen dataclass's sets each field through object.__setattr__), as an
         instance of a plain slotted twin of the class whose slots are set directly and whose
         class is then switched (same slots, same layout), a third of the cost."""
-        hints = typing.get_type_hints(record.cls)
         local = {f["name"]: self.src.name("f") for f in record.schema["fields"]}
+        self._open.add(record.full)
         for f in record.schema["fields"]:
-            self._read(f["type"], hints[f["name"]], local[f["name"]], indent, record.namespace)
-        twin = self.src.const(_twin(record.cls), "twin_")
-        cls = self.src.const(record.cls, "cls_")
-        self.src.emit(indent, f"{target} = _new({twin})")
+            hint = record.hints[f["name"]]
+            self._read(f["type"], hint, local[f["name"]], indent, record.namespace)
+        self._open.discard(record.full)
+        self.src.emit(indent, f"{target} = _new({record.twin})")
         for f in fields(record.cls):
             self.src.emit(indent, f"{target}.{f.name} = {local[f.name]}")
-        self.src.emit(indent, f"{target}.__class__ = {cls}")
+        self.src.emit(indent, f"{target}.__class__ = {record.cls_name}")
 
     def _write_fields(self, record: _Record, value: str, indent: int) -> None:
-        hints = typing.get_type_hints(record.cls)
+        self._open.add(record.full)
         for f in record.schema["fields"]:
-            self._write(
-                f["type"], hints[f["name"]], f"{value}.{f['name']}", indent, record.namespace
-            )
+            hint = record.hints[f["name"]]
+            self._write(f["type"], hint, f"{value}.{f['name']}", indent, record.namespace)
+        self._open.discard(record.full)
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -220,21 +229,20 @@ class _Compiler:
             emit(indent + 2, f"{items}[{key}] = {item}" if is_map else f"{items}.append({item})")
             emit(indent, f"{target} = {items}")
         elif kind in ("record", "named"):
-            record = self._reference(schema, hint, namespace, kind)
-            if record is None:
-                self._read_fields(self.records[_name_of(schema, namespace)], target, indent)
-            else:
+            record = self._nested(schema, hint, namespace, kind)
+            if record.full in self._open:  # inside itself: a recursive record
                 emit(indent, f"{target}, pos = {record.reader}(data, pos)")
+            else:
+                self._read_fields(record, target, indent)
         else:
             raise ValueError(f"Avro type {schema!r} is not supported by the compiled codec")
 
-    def _reference(self, schema: Any, hint: Any, namespace: str, kind: str) -> _Record | None:
-        """A record met inside another: generated (its functions) on first sight; None when it
-        is to be inlined, the record when its function is to be called (a recursive one)."""
+    def _nested(self, schema: Any, hint: Any, namespace: str, kind: str) -> _Record:
+        """A record met inside another, its definition or a reference to it: its functions are
+        generated on first sight (they serve a recursive reference; every other is inlined)."""
         if kind == "record":
-            self.record(schema, hint, namespace)
-        full = _name_of(schema, namespace)
-        return self.records[full] if full in self._open else None
+            return self.record(schema, hint, namespace)
+        return self.records[_full_name(schema, namespace)]
 
     # --- writing --------------------------------------------------------------------------------
 
@@ -291,13 +299,13 @@ class _Compiler:
             )
             emit(indent, "out.append(0)")
         elif kind in ("record", "named"):
-            record = self._reference(schema, hint, namespace, kind)
-            if record is None:
+            record = self._nested(schema, hint, namespace, kind)
+            if record.full in self._open:  # inside itself: a recursive record
+                emit(indent, f"{record.writer}({value}, out)")
+            else:
                 local = self.src.name("r")
                 emit(indent, f"{local} = {value}")
-                self._write_fields(self.records[_name_of(schema, namespace)], local, indent)
-            else:
-                emit(indent, f"{record.writer}({value}, out)")
+                self._write_fields(record, local, indent)
         else:
             raise ValueError(f"Avro type {schema!r} is not supported by the compiled codec")
 
@@ -311,11 +319,18 @@ class _Compiler:
 
 @dataclass(frozen=True)
 class _Record:
-    """A record type met in a schema: its definition, its event class and its functions."""
+    """A record type met in a schema: its definition, its event class, and the names the
+    generated code knows them by."""
 
+    full: str
     schema: dict[str, Any]
     cls: type
     namespace: str
+    hints: dict[str, Any]
+    """The class's field types, resolved once."""
+    twin: str
+    """The plain slotted class instances are built as (see ``_read_fields``)."""
+    cls_name: str
     reader: str
     writer: str
 
@@ -328,13 +343,6 @@ def _twin(cls: type) -> type:
     if slots is None or cls.__bases__ != (object,):
         raise TypeError(f"{cls.__name__} is not a slotted dataclass without a base class")
     return type(f"{cls.__name__}Twin", (), {"__slots__": tuple(slots)})
-
-
-def _name_of(schema: Any, namespace: str) -> str:
-    """The full name of a record's definition or of a reference to one."""
-    if isinstance(schema, dict):
-        return _full_name(schema["name"], schema.get("namespace", namespace))
-    return _full_name(schema, namespace)
 
 
 def _kind(schema: Any, namespace: str, records: dict[str, _Record]) -> str:

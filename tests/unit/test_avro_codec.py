@@ -436,3 +436,26 @@ def test_a_recursive_record_is_read_and_written_through_its_own_function() -> No
     decoded, end = read(bytes(out), 0)
     assert (decoded, end) == (tree, len(out))
     assert type(decoded.children[0].children[0]) is Node
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tree:
+    root: Node
+    size: int
+
+
+def test_a_recursive_record_inside_another_is_inlined_once_then_called() -> None:
+    schema = {
+        "type": "record",
+        "name": "Tree",
+        "namespace": "test",
+        "fields": [{"name": "root", "type": NODE_SCHEMA}, {"name": "size", "type": "long"}],
+    }
+    tree = Tree(Node("root", 1, [Node("leaf", 2, [], "root")], None), 2)
+    read, write = compile_codec(schema, Tree)
+    out = bytearray()
+    write(tree, out)
+    reference = io.BytesIO()
+    fastavro.schemaless_writer(reference, fastavro.parse_schema(schema), dataclasses.asdict(tree))
+    assert bytes(out) == reference.getvalue()
+    assert read(bytes(out), 0) == (tree, len(out))
