@@ -37,11 +37,22 @@ def armed(point: str) -> bool:
 
 
 def crash_point(point: str) -> None:
+    if passes(point):
+        kill(point)
+
+
+def passes(point: str) -> bool:
+    """Counts a pass of ``point`` in this process; true when this pass is the scripted crash
+    (for a crash prepared elsewhere, such as a Spark task leaving a transaction open, then
+    carried out here by `kill`)."""
     if not armed(point):
-        return
+        return False
     count = os.environ["SPARKPOINT_CRASH_AT"].partition(":")[2]
     _passes[point] = _passes.get(point, 0) + 1
-    if _passes[point] >= int(count or 1):
-        sys.stderr.write(f"sparkpoint agent: crash point {point} reached, SIGKILL\n")
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+    return _passes[point] >= int(count or 1)
+
+
+def kill(point: str) -> None:
+    sys.stderr.write(f"sparkpoint agent: crash point {point} reached, SIGKILL\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -60,7 +60,7 @@ from services.agent.restore import (
 )
 from services.agent.sinks import EpochCommitter, SinkWriter, unpublished
 from services.agent.sinks.files import FileSinkWriter
-from services.agent.sinks.kafka import KafkaSinkWriter
+from services.agent.sinks.kafka import KafkaSinkWriter, Publish
 from services.agent.snapshots import Copy, PendingSnapshot, SubtaskCheckpointing, now_ms
 from services.agent.sources.files import FileSourceReader
 from services.agent.sources.kafka import KafkaSourceReader
@@ -289,8 +289,9 @@ class Agent(SubtaskCheckpointing):
         sink = self.job.sink
         if isinstance(sink, KafkaSink):
             return KafkaSinkWriter(
-                sink, self.options.bootstrap, self.codec, self.job_id, self.agent_id, self.job.key
-            )
+                sink, self.options.bootstrap, self.codec, self.job_id, self.agent_id, self.job.key,
+                run=self._run_publish,
+            )  # fmt: skip
         if isinstance(sink, FileSink):
             return FileSinkWriter(sink, self.job_id)
         raise TypeError(f"unknown sink {sink!r}")
@@ -485,10 +486,10 @@ class Agent(SubtaskCheckpointing):
         except Exception as exc:  # that epoch is published again by the restore
             log.warning("job %s: %s", self.job_id, exc)
             sink_sound = False
-        # an exactly-once sink whose every commit went through holds no open transaction: the
-        # restart keeps it (a transactional producer's initialisation costs half a second on
-        # the embedded broker). One that failed a commit is closed and built anew, and so is an
-        # at-least-once sink (it writes from the loop, whose failure may have been its own)
+        # an exactly-once sink whose every commit went through is kept with its committer; one
+        # that failed a commit is built anew (its committer holds the error), and so is an
+        # at-least-once sink (it writes from the loop, whose failure may have been its own).
+        # Either way the next publishing task's init_transactions aborts what was left open
         control = getattr(self, "control", None)
         if control is not None:  # the next attempt reads on from here (a cancel sent meanwhile)
             with contextlib.suppress(Exception):
@@ -619,6 +620,15 @@ class Agent(SubtaskCheckpointing):
         sc.setLocalProperty("spark.scheduler.pool", "recovery")  # shares the cores with stage 2
         self.traffic.start_job(sc, f"{self.job_id} filter restored channel state", tasks)
         return sc.parallelize(tasks, len(tasks)).map(filter_restored).collect()  # type: ignore[no-any-return]
+
+    def _run_publish(self, work: Callable[[Publish], int], task: Publish) -> int:
+        """Publishes staged sink output from an executor: a one-task Spark job in the sink's
+        pool (the driver ships the files' names and gets a count back)."""
+        sc = self._spark().sparkContext
+        sc.setLocalProperty("spark.scheduler.pool", "sink")
+        what = f"epoch {task.epoch}" if task.epoch is not None else "output"
+        self.traffic.start_job(sc, f"{self.job_id} sink: {what} to {task.sink.topic}", [task])
+        return int(sc.parallelize([task], 1).map(work).collect()[0])
 
     def _restored(self, restore: str) -> Restored | None:
         """The snapshot to restore. ``latest`` is the job's own (as a failover restores it);

@@ -12,7 +12,7 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,8 @@ import yaml
 
 from services.agent.example import generate, payments, reference_output
 from services.agent.runtime import Agent
+from services.agent.sinks import kafka as sink_kafka
+from services.agent.sinks.kafka import KafkaSinkWriter, Publish
 from services.common.events import JobStatus
 from tests import agent_jobs
 from tests.agent_jobs import AlwaysFailing, FailingOnce, build
@@ -106,11 +108,17 @@ def test_a_function_that_fails_once_restarts_the_job_and_the_output_is_exact(
 
 
 def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_restarts(
-    coordinator: Running, spark: Any, topic: str, expected: list[Output], tmp_path: Path
+    coordinator: Running,
+    spark: Any,
+    topic: str,
+    expected: list[Output],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The first commit fails half-way (its marker refused; the real producer aborts the
-    transaction): the restart builds a new transactional producer. The function's failure
-    later restarts the job with every commit through: that sink is kept."""
+    transaction): the restart builds a new sink. The function's failure later restarts the job
+    with every commit through: that sink is kept. The failing commit runs in this process (a
+    Spark task's cannot be scripted from here), the others in Spark tasks."""
     output = unique("stats")
     job = build(unique("commit"), topic, output, max_records=100, settings=FAST_RESTARTS)
     renewed = tmp_path / "renewed"  # the function fails only in a round of the renewed sink,
@@ -119,19 +127,28 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
     job = replace(job, function=FailingOnce(RECORDS // 2, str(tmp_path / "failed"), str(renewed)))
     agent = in_process(job, coordinator, spark)
     first_sink = agent.sink
-    send = first_sink._send
+    assert isinstance(first_sink, KafkaSinkWriter)
+    run, send = first_sink.run, sink_kafka._send
     refused: list[str] = []
 
-    def refuse_the_first_marker(values: list[bytes], keys: Any, headers: Any, topic: Any = None):  # type: ignore[no-untyped-def]
-        if topic is not None and not refused:
-            refused.append(topic)
-            # the epoch's records reach the broker before the abort (else it depends on
-            # timing): a reader must not count them, as a real Kafka's read_committed does not
-            first_sink.producer.flush(30)
-            raise RuntimeError("scripted: the marker could not be queued")
-        send(values, keys, headers, topic)
+    def refuse_the_first_marker(work: Callable[[Publish], int], task: Publish) -> int:
+        if refused or task.epoch is None:
+            return run(work, task)
 
-    first_sink._send = refuse_the_first_marker  # type: ignore[method-assign]
+        def send_but_the_marker(producer: Any, topic: str, *records: Any) -> None:
+            if topic == task.markers:
+                refused.append(topic)
+                # the epoch's records reach the broker before the abort (else it depends on
+                # timing): a reader must not count them, as a real Kafka's read_committed does not
+                producer.flush(30)
+                raise RuntimeError("scripted: the marker could not be queued")
+            send(producer, topic, *records)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(sink_kafka, "_send", send_but_the_marker)
+            return work(task)
+
+    first_sink.run = refuse_the_first_marker
     sinks: list[object] = []
 
     def on_round(running: Agent) -> None:

@@ -59,9 +59,11 @@ def test_partitioning_by_subtask_puts_each_key_group_in_its_owners_range(spark: 
 
 def test_the_agents_session_gives_stage_2_the_free_cores_first(spark: Any) -> None:
     """The session's FAIR pools come from services/agent/spark_pools.xml: stage 2's minimum
-    share exceeds any cluster (its tasks go first), stage 1's is zero."""
+    share exceeds any cluster (its tasks go first), and so does the sink's (a completed epoch's
+    publishing task does not wait for stage 1); stage 1's is zero."""
     context = spark.sparkContext._jsc.sc()
-    stage2, stage1 = (context.getPoolForName(name) for name in ("stage2", "stage1"))
-    assert stage2.isDefined() and stage1.isDefined()
+    stage2, stage1, sink = (context.getPoolForName(n) for n in ("stage2", "stage1", "sink"))
+    assert stage2.isDefined() and stage1.isDefined() and sink.isDefined()
     assert stage2.get().minShare() >= 10_000 and stage1.get().minShare() == 0
+    assert sink.get().minShare() >= 10_000
     assert str(context.getSchedulingMode()) == "FAIR"

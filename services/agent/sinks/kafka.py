@@ -14,6 +14,12 @@ the checkpoint completes):
 
 The transactional id is fixed per job and sink, so a restarted agent's ``init_transactions``
 aborts whatever a killed predecessor left open (zombie fencing).
+
+Records never pass through the driver: an epoch is published by one Spark task (`publish`, in
+a pool of its own), which reads the staged files where stage 2 wrote them and produces them in
+the epoch's transaction; the driver sends the files' names and gets the count back. One task
+holds the whole transaction, so an epoch is still atomic, and the fixed transactional id still
+fences: each publishing task's ``init_transactions`` aborts what an earlier one left open.
 """
 
 from __future__ import annotations
@@ -21,10 +27,14 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 from confluent_kafka import Producer
 
-from services.agent.faults import armed, crash_point
+from services.agent.faults import kill, passes
 from services.agent.job import DeliveryGuarantee, KafkaSink
 from services.agent.sinks import PublishedEpoch, outputs_digest, read_outputs
 from services.common.avro import EventCodec
@@ -47,6 +57,146 @@ TRANSACTION_TIMEOUT_S = 120.0
 """How long one epoch's commit may take (a million records take a few seconds here)."""
 
 
+# --- executor side ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Staged output to produce, for one Spark task: only the files' names travel."""
+
+    sink: KafkaSink
+    bootstrap: str
+    job_id: str
+    agent_id: str
+    key_column: str
+    transactional_id: str
+    markers: str
+    """Both named on the driver: a worker's environment is the Spark session's, not the
+    agent's (a topic prefix set later would not reach it)."""
+    outputs: tuple[str, ...]
+    epoch: int | None = None
+    """The exactly-once epoch these files are, published in one transaction with its marker;
+    None: at-least-once, written at once."""
+    crash_halfway: bool = False
+    """Tests' crash point ``mid-publish``: half of the records delivered, the transaction left
+    open, and the producer kept alive until the agent kills itself."""
+
+
+_LEFT_OPEN: list[Producer] = []
+"""Producers of transactions left open on purpose (``crash_halfway``): alive until the agent's
+process and its workers die, as a killed agent leaves its transaction."""
+
+
+@cache
+def _codec() -> EventCodec:
+    """The marker's codec, built once per Python worker."""
+    return EventCodec()
+
+
+def publish(task: Publish) -> int:
+    """Produces the staged files' records (and, exactly-once, the epoch's marker in the same
+    transaction); returns how many records. Runs inside a Spark task, or wherever the writer's
+    runner puts it."""
+    exactly_once = task.epoch is not None
+    producer = Producer(
+        _config(
+            task.sink, task.bootstrap, task.job_id, task.transactional_id if exactly_once else None
+        )
+    )
+    if not exactly_once:
+        count = _produce(producer, task, None)
+        remaining = producer.flush(60)
+        if remaining:
+            raise RuntimeError(f"{remaining} records to {task.sink.topic} not delivered")
+        return count
+    assert task.epoch is not None
+    producer.init_transactions(30)  # aborts what an earlier publisher of the sink left open
+    producer.begin_transaction()
+    token = uuid.uuid4().hex
+    try:
+        count = _produce(producer, task, token)
+        if task.crash_halfway:
+            _LEFT_OPEN.append(producer)
+            return count
+        marker = SinkEpochPublished(
+            task.job_id, task.sink.topic, task.epoch, count, task.agent_id,
+            int(time.time() * 1000), outputs_digest=outputs_digest(list(task.outputs)),
+            transaction=token,
+        )  # fmt: skip
+        _send(producer, task.markers, [_codec().encode(marker)], [task.job_id.encode()])
+        producer.commit_transaction(TRANSACTION_TIMEOUT_S)
+    except Exception:
+        producer.abort_transaction(30)
+        raise
+    return count
+
+
+def _config(
+    sink: KafkaSink, bootstrap: str, job_id: str, transactional_id: str | None
+) -> dict[str, Any]:
+    config = producer_config(
+        bootstrap, client_id=f"sparkpoint-sink-{job_id}", transactional_id=transactional_id
+    )
+    config["linger.ms"] = 5
+    config |= {k: v for k, v in sink.properties.items() if k != "transactional.id"}
+    if transactional_id is not None:
+        config["transaction.timeout.ms"] = int(TRANSACTION_TIMEOUT_S * 1000)
+    return config
+
+
+def _produce(producer: Producer, task: Publish, transaction: str | None) -> int:
+    frame = read_outputs(list(task.outputs))
+    if not len(frame):
+        return 0
+    values = task.sink.value_format.encode(frame)
+    keys: list[bytes | None] = (
+        [k.encode() for k in frame[task.key_column].astype(str).tolist()]
+        if task.key_column in frame
+        else [None] * len(values)
+    )
+    # a list of (name, bytes): librdkafka takes it with less conversion than a dict
+    headers: list[tuple[str, str | bytes | None]] | None = (
+        [(TRANSACTION_HEADER, transaction.encode())] if transaction else None
+    )
+    if task.crash_halfway:
+        middle = len(values) // 2 + 1
+        _send(producer, task.sink.topic, values[:middle], keys[:middle], headers)
+        producer.flush(30)  # half of the records delivered, the transaction open
+        return middle
+    _send(producer, task.sink.topic, values, keys, headers)
+    return len(values)
+
+
+def _send(
+    producer: Producer,
+    topic: str,
+    values: list[bytes],
+    keys: list[bytes | None],
+    headers: list[tuple[str, str | bytes | None]] | None = None,
+) -> None:
+    """Queues records in the producer, waiting for room whenever its queue is full: an epoch may
+    hold more records than the queue."""
+    produce = producer.produce
+    for value, key in zip(values, keys, strict=True):
+        while True:
+            try:
+                produce(topic, value=value, key=key, headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.05)
+
+
+# --- driver side ------------------------------------------------------------------------------------
+
+
+Runner = Callable[[Callable[[Publish], int], Publish], int]
+"""Runs a publishing function on its task: the agent's runs it as a one-task Spark job."""
+
+
+def inline(work: Callable[[Publish], int], task: Publish) -> int:
+    return work(task)
+
+
 class KafkaSinkWriter:
     def __init__(
         self,
@@ -56,6 +206,7 @@ class KafkaSinkWriter:
         job_id: str,
         agent_id: str,
         key: str,
+        run: Runner = inline,
     ) -> None:
         self.sink = sink
         self.bootstrap = bootstrap
@@ -65,90 +216,21 @@ class KafkaSinkWriter:
         self.key_column = sink.key_column or key
         self.exactly_once = sink.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE
         self.markers = SINK_MARKERS.name()
-        self._producer: Producer | None = None
+        self.transactional_id = f"{topic_prefix()}sink-{job_id}-{sink.topic}"
+        """Fixed per job and sink: a successor's ``init_transactions`` fences the predecessor."""
+        self.run = run
 
-    @property
-    def producer(self) -> Producer:
-        if self._producer is None:
-            transactional_id = (
-                f"{topic_prefix()}sink-{self.job_id}-{self.sink.topic}"
-                if self.exactly_once
-                else None
-            )
-            config = producer_config(
-                self.bootstrap,
-                client_id=f"sparkpoint-sink-{self.job_id}",
-                transactional_id=transactional_id,
-            )
-            config["linger.ms"] = 5
-            config |= {k: v for k, v in self.sink.properties.items() if k != "transactional.id"}
-            if self.exactly_once:
-                config["transaction.timeout.ms"] = int(TRANSACTION_TIMEOUT_S * 1000)
-            producer = Producer(config)
-            if self.exactly_once:
-                producer.init_transactions(30)
-            self._producer = producer  # only once usable: a failed start builds it again
-        return self._producer
-
-    def _produce(
-        self, outputs: list[str], halfway: bool = False, transaction: str | None = None
-    ) -> int:
-        frame = read_outputs(outputs)
-        if not len(frame):
-            return 0
-        values = self.sink.value_format.encode(frame)
-        keys: list[bytes | None] = (
-            [k.encode() for k in frame[self.key_column].astype(str).tolist()]
-            if self.key_column in frame
-            else [None] * len(values)
-        )
-        headers: dict[str, str | bytes | None] | None = (
-            {TRANSACTION_HEADER: transaction} if transaction else None
-        )
-        crash_halfway = halfway and armed("mid-publish")
-        middle = len(values) // 2 + 1 if crash_halfway else len(values)
-        self._send(values[:middle], keys[:middle], headers)
-        if crash_halfway:  # half of the records delivered, the transaction open
-            self.producer.flush(30)
-            crash_point("mid-publish")
-            self._send(values[middle:], keys[middle:], headers)
-        return len(values)
-
-    def _send(
-        self,
-        values: list[bytes],
-        keys: list[bytes | None],
-        headers: dict[str, str | bytes | None] | None,
-        topic: str | None = None,
-    ) -> None:
-        """Queues records in the producer (to the sink's topic unless another is named), waiting
-        for room whenever its queue is full: an epoch may hold more records than the queue."""
-        produce, topic = self.producer.produce, topic or self.sink.topic
-        for value, key in zip(values, keys, strict=True):
-            while True:
-                try:
-                    produce(topic, value=value, key=key, headers=headers)
-                    break
-                except BufferError:
-                    self.producer.poll(0.05)
+    def _task(self, outputs: list[str], epoch: int | None = None, crash: bool = False) -> Publish:
+        return Publish(
+            self.sink, self.bootstrap, self.job_id, self.agent_id, self.key_column,
+            self.transactional_id, self.markers, tuple(outputs), epoch, crash,
+        )  # fmt: skip
 
     def publish_epoch(self, epoch: int, outputs: list[str]) -> int:
-        producer = self.producer
-        producer.begin_transaction()
-        transaction = uuid.uuid4().hex
-        try:
-            count = self._produce(outputs, halfway=True, transaction=transaction)
-            marker = SinkEpochPublished(
-                self.job_id, self.sink.topic, epoch, count, self.agent_id, int(time.time() * 1000),
-                outputs_digest=outputs_digest(outputs), transaction=transaction,
-            )  # fmt: skip
-            self._send(
-                [self.codec.encode(marker)], [self.job_id.encode()], None, topic=self.markers
-            )
-            producer.commit_transaction(TRANSACTION_TIMEOUT_S)
-        except Exception:
-            producer.abort_transaction(30)
-            raise
+        crash = passes("mid-publish")
+        count = self.run(publish, self._task(outputs, epoch, crash))
+        if crash:
+            kill("mid-publish")
         log.info(
             "job %s: epoch %d published to %s (%d records)",
             self.job_id,
@@ -159,17 +241,13 @@ class KafkaSinkWriter:
         return count
 
     def write_now(self, outputs: list[str]) -> int:
-        count = self._produce(outputs)
-        remaining = self.producer.flush(60)
-        if remaining:
-            raise RuntimeError(f"{remaining} records to {self.sink.topic} not delivered")
-        return count
+        return self.run(publish, self._task(outputs))
 
     def published(self) -> PublishedEpoch | None:
         """The newest marker of this job and sink. Markers are written one per transaction, so
         the end offsets are right on the embedded broker too. A read that fails raises: a
         restore never guesses that nothing was published."""
-        partitions = self.producer.list_topics(self.markers, timeout=10).topics[self.markers]
+        partitions = self._fence().list_topics(self.markers, timeout=10).topics[self.markers]
         partition = partition_of(self.job_id, len(partitions.partitions))
         records = replay_topic(
             self.bootstrap, self.codec, self.markers, [partition], read_committed=True
@@ -186,6 +264,15 @@ class KafkaSinkWriter:
         newest = max(markers, key=lambda m: m.epoch)
         return PublishedEpoch(newest.epoch, newest.outputs_digest)
 
+    def _fence(self) -> Producer:
+        """A producer of the sink's transactional id, initialised: a predecessor's transaction
+        left open is aborted before the markers are read (on Apache Kafka an open transaction
+        holds ``read_committed`` readers back). At-least-once: a plain producer."""
+        transactional = self.transactional_id if self.exactly_once else None
+        producer = Producer(_config(self.sink, self.bootstrap, self.job_id, transactional))
+        if self.exactly_once:
+            producer.init_transactions(30)
+        return producer
+
     def close(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(30)
+        """Nothing to let go: each publishing task has its own producer."""
