@@ -1,5 +1,6 @@
 """The exactly-once Kafka sink on the real broker: an epoch larger than the producer's queue is
-published whole, with its marker, in one transaction; producer properties reach the producer."""
+published whole, with its marker, in one transaction; producer properties reach the producer; a
+retried publishing task does not publish an epoch its lost attempt committed."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from services.agent.job import KafkaSink
+from services.agent.sinks import kafka as sink_kafka
 from services.agent.sinks.kafka import TRANSACTION_HEADER, KafkaSinkWriter
 from services.agent.stages import to_ipc
 from services.common.avro import EventCodec
@@ -77,3 +80,32 @@ def test_an_epoch_larger_than_the_producer_queue_is_published_whole_with_its_mar
     )
     assert {key for key, _, _ in records} == {f"u{n}".encode() for n in range(1000)}
     assert len({token for _, _, token in records}) == 1, "one transaction"
+
+
+def test_a_retried_publishing_task_does_not_publish_an_epoch_its_lost_attempt_committed(
+    kafka: KafkaUnderTest,
+    topic_prefix: str,
+    new_topic: Callable[..., str],
+    codec: EventCodec,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cluster retries a failed Spark task: an attempt lost after its commit is followed by
+    one that finds the epoch's marker (same staged files) and returns its count instead."""
+    create_topics(make_admin(kafka.bootstrap), partitions=1)
+    topic = new_topic()
+    staged = []
+    for name, rows in (("out-3.arrow", 100), ("out-4.arrow", 50)):
+        path = tmp_path / name
+        path.write_bytes(to_ipc(pd.DataFrame({"user": [f"u{n}" for n in range(rows)]})))
+        staged.append(str(path))
+    writer = KafkaSinkWriter(KafkaSink(topic), kafka.bootstrap, codec, "job-retried", "a-1", "user")
+    assert writer.publish_epoch(3, [staged[0]]) == 100
+
+    monkeypatch.setattr(sink_kafka, "_retried", lambda: True)
+    assert writer.publish_epoch(3, [staged[0]]) == 100, "the committed attempt's count"
+    assert writer.publish_epoch(4, [staged[1]]) == 50, "a retry of an unpublished epoch publishes"
+
+    records = read_all(kafka.bootstrap, topic, 150)
+    assert len(records) == 150
+    assert len({token for _, _, token in records}) == 2, "two transactions, not three"

@@ -111,6 +111,13 @@ def publish(task: Publish) -> int:
         return count
     assert task.epoch is not None
     producer.init_transactions(30)  # aborts what an earlier publisher of the sink left open
+    if _retried():  # the lost attempt may have committed: then the epoch is visible already
+        done = newest_marker(
+            producer, task.bootstrap, _codec(), task.markers, task.job_id, task.sink.topic
+        )
+        digest = outputs_digest(list(task.outputs))
+        if done is not None and done.epoch == task.epoch and done.outputs_digest == digest:
+            return done.records
     producer.begin_transaction()
     token = uuid.uuid4().hex
     try:
@@ -129,6 +136,34 @@ def publish(task: Publish) -> int:
         producer.abort_transaction(30)
         raise
     return count
+
+
+def _retried() -> bool:
+    """This is a later attempt of a Spark task (a cluster retries a failed task up to
+    ``spark.task.maxFailures`` times): the earlier attempt may have committed its transaction
+    before it was lost. Never true outside a Spark task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context is not None and context.attemptNumber() > 0
+
+
+def newest_marker(
+    producer: Producer, bootstrap: str, codec: EventCodec, markers: str, job_id: str, topic: str
+) -> SinkEpochPublished | None:
+    """The newest committed marker of a job's sink. Markers are written one per transaction, so
+    the end offsets are right on the embedded broker too. ``producer`` has initialised the
+    sink's transactions, so none is left open (on Apache Kafka an open one would hold
+    ``read_committed`` readers back). A read that fails raises: nobody guesses that nothing
+    was published."""
+    partitions = producer.list_topics(markers, timeout=10).topics[markers]
+    partition = partition_of(job_id, len(partitions.partitions))
+    found = [
+        r.event
+        for r in replay_topic(bootstrap, codec, markers, [partition], read_committed=True)
+        if r.key == job_id and isinstance(r.event, SinkEpochPublished) and r.event.sink == topic
+    ]
+    return max(found, key=lambda m: m.epoch, default=None)
 
 
 def _config(
@@ -244,30 +279,15 @@ class KafkaSinkWriter:
         return self.run(publish, self._task(outputs))
 
     def published(self) -> PublishedEpoch | None:
-        """The newest marker of this job and sink. Markers are written one per transaction, so
-        the end offsets are right on the embedded broker too. A read that fails raises: a
-        restore never guesses that nothing was published."""
-        partitions = self._fence().list_topics(self.markers, timeout=10).topics[self.markers]
-        partition = partition_of(self.job_id, len(partitions.partitions))
-        records = replay_topic(
-            self.bootstrap, self.codec, self.markers, [partition], read_committed=True
+        """The newest epoch this job's sink made visible (`newest_marker`)."""
+        newest = newest_marker(
+            self._fence(), self.bootstrap, self.codec, self.markers, self.job_id, self.sink.topic
         )
-        markers = [
-            r.event
-            for r in records
-            if r.key == self.job_id
-            and isinstance(r.event, SinkEpochPublished)
-            and r.event.sink == self.sink.topic
-        ]
-        if not markers:
-            return None
-        newest = max(markers, key=lambda m: m.epoch)
-        return PublishedEpoch(newest.epoch, newest.outputs_digest)
+        return None if newest is None else PublishedEpoch(newest.epoch, newest.outputs_digest)
 
     def _fence(self) -> Producer:
         """A producer of the sink's transactional id, initialised: a predecessor's transaction
-        left open is aborted before the markers are read (on Apache Kafka an open transaction
-        holds ``read_committed`` readers back). At-least-once: a plain producer."""
+        left open is aborted before the markers are read. At-least-once: a plain producer."""
         transactional = self.transactional_id if self.exactly_once else None
         producer = Producer(_config(self.sink, self.bootstrap, self.job_id, transactional))
         if self.exactly_once:
