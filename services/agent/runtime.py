@@ -60,7 +60,7 @@ from services.agent.restore import (
 )
 from services.agent.sinks import EpochCommitter, SinkWriter, unpublished
 from services.agent.sinks.files import FileSinkWriter
-from services.agent.sinks.kafka import KafkaSinkWriter, Publish
+from services.agent.sinks.kafka import KafkaSinkWriter
 from services.agent.snapshots import Copy, PendingSnapshot, SubtaskCheckpointing, now_ms
 from services.agent.sources.files import FileSourceReader
 from services.agent.sources.kafka import KafkaSourceReader
@@ -290,10 +290,10 @@ class Agent(SubtaskCheckpointing):
         if isinstance(sink, KafkaSink):
             return KafkaSinkWriter(
                 sink, self.options.bootstrap, self.codec, self.job_id, self.agent_id, self.job.key,
-                run=self._run_publish,
+                run=self._run_sink,
             )  # fmt: skip
         if isinstance(sink, FileSink):
-            return FileSinkWriter(sink, self.job_id)
+            return FileSinkWriter(sink, self.job_id, run=self._run_sink)
         raise TypeError(f"unknown sink {sink!r}")
 
     def _source_reader(self) -> KafkaSourceReader | FileSourceReader:
@@ -621,14 +621,15 @@ class Agent(SubtaskCheckpointing):
         self.traffic.start_job(sc, f"{self.job_id} filter restored channel state", tasks)
         return sc.parallelize(tasks, len(tasks)).map(filter_restored).collect()  # type: ignore[no-any-return]
 
-    def _run_publish(self, work: Callable[[Publish], int], task: Publish) -> int:
-        """Publishes staged sink output from an executor: a one-task Spark job in the sink's
-        pool (the driver ships the files' names and gets a count back)."""
+    def _run_sink(self, work: Callable[[Any], int], tasks: list[Any]) -> list[int]:
+        """Makes staged sink output visible from executors (`SinkRunner`): a Spark job in the
+        sink's pool, a task each (the driver ships the files' names and gets counts back)."""
+        if not tasks:
+            return []
         sc = self._spark().sparkContext
         sc.setLocalProperty("spark.scheduler.pool", "sink")
-        what = f"epoch {task.epoch}" if task.epoch is not None else "output"
-        self.traffic.start_job(sc, f"{self.job_id} sink: {what} to {task.sink.topic}", [task])
-        return int(sc.parallelize([task], 1).map(work).collect()[0])
+        self.traffic.start_job(sc, f"{self.job_id} sink: {len(tasks)} tasks", tasks)
+        return [int(n) for n in sc.parallelize(tasks, len(tasks)).map(work).collect()]
 
     def _restored(self, restore: str) -> Restored | None:
         """The snapshot to restore. ``latest`` is the job's own (as a failover restores it);

@@ -131,9 +131,10 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
     run, send = first_sink.run, sink_kafka._send
     refused: list[str] = []
 
-    def refuse_the_first_marker(work: Callable[[Publish], int], task: Publish) -> int:
+    def refuse_the_first_marker(work: Callable[[Any], int], tasks: list[Publish]) -> list[int]:
+        (task,) = tasks
         if refused or task.epoch is None:
-            return run(work, task)
+            return run(work, tasks)
 
         def send_but_the_marker(producer: Any, topic: str, *records: Any) -> None:
             if topic == task.markers:
@@ -146,7 +147,7 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
 
         with monkeypatch.context() as patch:
             patch.setattr(sink_kafka, "_send", send_but_the_marker)
-            return work(task)
+            return [work(task)]
 
     first_sink.run = refuse_the_first_marker
     sinks: list[object] = []

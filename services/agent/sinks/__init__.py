@@ -14,8 +14,9 @@ import logging
 import posixpath
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import pandas as pd
 
@@ -63,6 +64,17 @@ def unpublished(epochs: dict[int, list[str]], published: PublishedEpoch | None) 
                 "checkpoint's: another run used the same epoch; refusing to guess what is visible"
             )
     return pending
+
+
+SinkRunner = Callable[[Callable[[Any], int], list[Any]], list[int]]
+"""Runs a sink's work function over its tasks and returns their counts: the agent runs them as
+one Spark job (a task each, in the pool ``sink``), so staged output is read and made visible on
+executors and never passes through the driver."""
+
+
+def inline(work: Callable[[Any], int], tasks: list[Any]) -> list[int]:
+    """The runner outside an agent: the tasks one after another, in this process."""
+    return [work(task) for task in tasks]
 
 
 class SinkWriter(Protocol):

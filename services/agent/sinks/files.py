@@ -9,6 +9,10 @@ and the name of the staged file it comes from (``part-<epoch>-r<round>-s<subtask
 the token random per agent run): publishing an epoch again after a restore skips the files
 already committed and commits the rest, and no later run of the job can overwrite a committed
 file. Readers (Spark, pyarrow) ignore hidden files.
+
+Part files are written by Spark tasks (`commit_part`, a task per staged file, run by the agent's
+`SinkRunner`): output never passes through the driver, and the directory must be one every
+executor reaches.
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ import io
 import logging
 import posixpath
 import uuid
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from services.agent.job import DeliveryGuarantee, FileSink
-from services.agent.sinks import PublishedEpoch, read_outputs
+from services.agent.sinks import PublishedEpoch, SinkRunner, inline, read_outputs
 from services.common.storage import is_object_store, put_whole
 
 log = logging.getLogger(__name__)
@@ -35,40 +40,55 @@ def part_name(epoch: int, staged: str) -> str:
     return f"part-{epoch:010d}-{stem}.parquet"
 
 
+@dataclass(frozen=True)
+class Part:
+    """One part file to commit, for one Spark task: only names travel."""
+
+    directory: str
+    """The sink's directory (a path or URL every executor reaches)."""
+    name: str
+    staged: tuple[str, ...]
+
+
+def commit_part(part: Part) -> int:
+    """Writes a part file from staged output, whole or not at all; 0 when it was committed
+    before (a restore publishes an epoch again). Runs inside a Spark task."""
+    fs, root = url_to_fs(part.directory)
+    final = posixpath.join(root, part.name)
+    if fs.exists(final):
+        return 0  # committed before a restore
+    frame = read_outputs(list(part.staged))
+    if not len(frame):
+        return 0
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer)
+    if is_object_store(fs):
+        put_whole(fs, final, buffer.getvalue())  # one PUT: whole or absent
+        return len(frame)
+    hidden = posixpath.join(root, f".{part.name}.inprogress-{uuid.uuid4().hex[:8]}")
+    with fs.open(hidden, "wb") as out:
+        out.write(buffer.getvalue())
+    fs.mv(hidden, final)
+    return len(frame)
+
+
 class FileSinkWriter:
-    def __init__(self, sink: FileSink, job_id: str) -> None:
+    def __init__(self, sink: FileSink, job_id: str, run: SinkRunner = inline) -> None:
         self.sink = sink
         self.job_id = job_id
         self.exactly_once = sink.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE
-        self.fs, self.root = url_to_fs(sink.directory)
-        self.fs.makedirs(self.root, exist_ok=True)
-
-    def _commit(self, name: str, outputs: list[str]) -> int:
-        final = posixpath.join(self.root, name)
-        if self.fs.exists(final):
-            return 0  # committed before a restore
-        frame = read_outputs(outputs)
-        if not len(frame):
-            return 0
-        buffer = io.BytesIO()
-        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer)
-        if is_object_store(self.fs):
-            put_whole(self.fs, final, buffer.getvalue())  # one PUT: whole or absent
-            return len(frame)
-        hidden = posixpath.join(self.root, f".{name}.inprogress-{uuid.uuid4().hex[:8]}")
-        with self.fs.open(hidden, "wb") as out:
-            out.write(buffer.getvalue())
-        self.fs.mv(hidden, final)
-        return len(frame)
+        self.run = run
+        fs, root = url_to_fs(sink.directory)
+        fs.makedirs(root, exist_ok=True)
 
     def publish_epoch(self, epoch: int, outputs: list[str]) -> int:
-        count = 0
-        for output in outputs:
-            count += self._commit(part_name(epoch, output), [output])
-        return count
+        """One part file per staged file, written by a task each (in parallel)."""
+        parts = [Part(self.sink.directory, part_name(epoch, o), (o,)) for o in outputs]
+        return sum(self.run(commit_part, parts))
 
     def write_now(self, outputs: list[str]) -> int:
-        return self._commit(f"part-{uuid.uuid4().hex}.parquet", outputs)
+        part = Part(self.sink.directory, f"part-{uuid.uuid4().hex}.parquet", tuple(outputs))
+        return self.run(commit_part, [part])[0]
 
     def published(self) -> PublishedEpoch | None:
         return None  # committed files prove themselves by name: each one is checked

@@ -15,8 +15,8 @@ the checkpoint completes):
 The transactional id is fixed per job and sink, so a restarted agent's ``init_transactions``
 aborts whatever a killed predecessor left open (zombie fencing).
 
-Records never pass through the driver: an epoch is published by one Spark task (`publish`, in
-a pool of its own), which reads the staged files where stage 2 wrote them and produces them in
+Records never pass through the driver: an epoch is published by one Spark task (`publish`, run
+by the agent's `SinkRunner`), which reads the staged files where stage 2 wrote them and produces them in
 the epoch's transaction; the driver sends the files' names and gets the count back. One task
 holds the whole transaction, so an epoch is still atomic, and the fixed transactional id still
 fences: each publishing task's ``init_transactions`` aborts what an earlier one left open.
@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -36,7 +35,7 @@ from confluent_kafka import Producer
 
 from services.agent.faults import kill, passes
 from services.agent.job import DeliveryGuarantee, KafkaSink
-from services.agent.sinks import PublishedEpoch, outputs_digest, read_outputs
+from services.agent.sinks import PublishedEpoch, SinkRunner, inline, outputs_digest, read_outputs
 from services.common.avro import EventCodec
 from services.common.events import SinkEpochPublished
 from services.common.kafka import (
@@ -110,12 +109,12 @@ def publish(task: Publish) -> int:
             raise RuntimeError(f"{remaining} records to {task.sink.topic} not delivered")
         return count
     assert task.epoch is not None
+    digest = outputs_digest(list(task.outputs))
     producer.init_transactions(30)  # aborts what an earlier publisher of the sink left open
     if _retried():  # the lost attempt may have committed: then the epoch is visible already
         done = newest_marker(
             producer, task.bootstrap, _codec(), task.markers, task.job_id, task.sink.topic
         )
-        digest = outputs_digest(list(task.outputs))
         if done is not None and done.epoch == task.epoch and done.outputs_digest == digest:
             return done.records
     producer.begin_transaction()
@@ -127,8 +126,7 @@ def publish(task: Publish) -> int:
             return count
         marker = SinkEpochPublished(
             task.job_id, task.sink.topic, task.epoch, count, task.agent_id,
-            int(time.time() * 1000), outputs_digest=outputs_digest(list(task.outputs)),
-            transaction=token,
+            int(time.time() * 1000), outputs_digest=digest, transaction=token,
         )  # fmt: skip
         _send(producer, task.markers, [_codec().encode(marker)], [task.job_id.encode()])
         producer.commit_transaction(TRANSACTION_TIMEOUT_S)
@@ -224,14 +222,6 @@ def _send(
 # --- driver side ------------------------------------------------------------------------------------
 
 
-Runner = Callable[[Callable[[Publish], int], Publish], int]
-"""Runs a publishing function on its task: the agent's runs it as a one-task Spark job."""
-
-
-def inline(work: Callable[[Publish], int], task: Publish) -> int:
-    return work(task)
-
-
 class KafkaSinkWriter:
     def __init__(
         self,
@@ -241,7 +231,7 @@ class KafkaSinkWriter:
         job_id: str,
         agent_id: str,
         key: str,
-        run: Runner = inline,
+        run: SinkRunner = inline,
     ) -> None:
         self.sink = sink
         self.bootstrap = bootstrap
@@ -263,7 +253,7 @@ class KafkaSinkWriter:
 
     def publish_epoch(self, epoch: int, outputs: list[str]) -> int:
         crash = passes("mid-publish")
-        count = self.run(publish, self._task(outputs, epoch, crash))
+        (count,) = self.run(publish, [self._task(outputs, epoch, crash)])
         if crash:
             kill("mid-publish")
         log.info(
@@ -276,7 +266,7 @@ class KafkaSinkWriter:
         return count
 
     def write_now(self, outputs: list[str]) -> int:
-        return self.run(publish, self._task(outputs))
+        return self.run(publish, [self._task(outputs)])[0]
 
     def published(self) -> PublishedEpoch | None:
         """The newest epoch this job's sink made visible (`newest_marker`)."""
