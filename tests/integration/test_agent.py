@@ -398,34 +398,19 @@ def test_segment_files_on_a_storage_url_through_a_kill_and_a_rescaled_restore(
     assert list((tmp_path / "channels").iterdir()) == []
 
 
-def test_killed_during_the_sink_transaction_commits_exactly_the_reference(
-    coordinator: Running, payments_topic: str, expected: list[Output]
-) -> None:
-    """The second epoch's publishing task has produced half of the epoch's records and flushed
-    them when the agent kills itself, the transaction open in a Spark worker that dies with it.
-    The restore's init_transactions aborts it and publishes the epoch again. On the embedded
-    broker the aborted half stays visible to read_committed readers; `read_output` counts a
-    record only when a marker carries its transaction's token, as a real Kafka hides it."""
-    name, output = unique("publish"), unique("stats")
-    first = agent_process(coordinator, name, payments_topic, output, crash_at="mid-publish:2")
-    assert killed(first), first.stderr[-3000:]
-    second = agent_process(coordinator, name, payments_topic, output, "--restore", "latest")
-    assert second.returncode == 0, second.stderr[-3000:]
-    got = read_output(coordinator.bootstrap, output)
-    assert got == expected, difference(got, expected)
-    every = read_tokened(coordinator.bootstrap, output, json.loads, read_committed=False)
-    left_open = {t for t, _ in every} - committed_transactions(coordinator.bootstrap)
-    assert len(left_open) == 1, "the killed agent's half epoch reached the broker, uncommitted"
-
-
 def test_restores_with_parallelism_2_then_4_then_1_commit_exactly_the_reference(
     coordinator: Running, payments_topic: str, expected: list[Output]
 ) -> None:
+    """The first agent dies inside a sink transaction: the second epoch's publishing task has
+    produced half of the epoch's records and flushed them, the transaction open in a Spark
+    worker that dies with the agent. The restore (parallelism 4) fences, which aborts it, and
+    publishes the epoch again; it dies once a checkpoint completed, before the sink commits;
+    the last restore runs with parallelism 1 to the end. On the embedded broker the aborted
+    half stays visible to read_committed readers: `read_output` counts a record only when a
+    marker carries its transaction's token, as a real Kafka hides it."""
     name, output = unique("rescaled"), unique("stats")
 
-    # the loop hears triggers while Spark runs its first rounds: the first checkpoints may
-    # complete before any record was processed, so the kills come after a few
-    first = agent_process(coordinator, name, payments_topic, output, crash_at="after-complete:4")
+    first = agent_process(coordinator, name, payments_topic, output, crash_at="mid-publish:2")
     assert killed(first), first.stderr[-3000:]
     second = agent_process(
         coordinator, name, payments_topic, output, "--restore", "latest", "--parallelism", "4",
@@ -439,6 +424,9 @@ def test_restores_with_parallelism_2_then_4_then_1_commit_exactly_the_reference(
 
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
+    every = read_tokened(coordinator.bootstrap, output, json.loads, read_committed=False)
+    left_open = {t for t, _ in every} - committed_transactions(coordinator.bootstrap)
+    assert left_open, "the first agent's half epoch reached the broker, uncommitted"
     assert re.search(r"parallelism 4, [1-9]\d* key groups restored", second.stderr)
     assert re.search(r"parallelism 1, [1-9]\d* key groups restored", third.stderr)
     registrations = [j for j in (coordinator.service.ended.get(name),) if j is not None]
