@@ -18,6 +18,7 @@ import aiokafka
 import aiokafka.errors
 import httpx
 import pytest
+from confluent_kafka.admin import NewTopic
 
 from services import audit
 from services.common.avro import EventCodec
@@ -25,6 +26,7 @@ from services.common.events import CheckpointEventType, CheckpointLifecycleEvent
 from services.common.kafka import (
     EventPublisher,
     end_offsets,
+    make_admin,
     make_consumer,
     make_producer,
     replay_topic,
@@ -223,6 +225,42 @@ def test_audit_reads_the_history_service_and_follows_new_events(
 
 
 # --- the embedded broker's defects, as they meet faust (aiokafka) -------------------------------
+
+
+def test_aiokafka_does_not_go_back_to_an_offset_of_0_or_none(kafka: KafkaUnderTest) -> None:
+    """Why the history service's consumer rewinds by itself (`RewindingConsumer`), on any broker:
+    faust drops fetched records when it stops the flow and goes back with ``seek_to_committed``,
+    which leaves the position alone where the committed offset is missing or 0."""
+    topic = f"aiokafka-rewind-{uuid.uuid4().hex[:8]}"
+    admin = make_admin(kafka.bootstrap)
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    producer = make_producer(kafka.bootstrap, one_record_per_batch=True)
+    for n in range(3):
+        producer.produce(topic, value=str(n).encode())
+    producer.flush(10)
+
+    async def positions() -> list[int]:
+        consumer = aiokafka.AIOKafkaConsumer(
+            bootstrap_servers=kafka.bootstrap, group_id=f"rewind-{uuid.uuid4().hex[:8]}",
+            enable_auto_commit=False, auto_offset_reset="earliest",
+        )  # fmt: skip
+        await consumer.start()
+        try:
+            tp = aiokafka.TopicPartition(topic, 0)
+            consumer.assign([tp])
+            while await consumer.position(tp) < 3:
+                await consumer.getmany(tp, timeout_ms=1000)
+            seen = []
+            for committed in (None, 0, 1):
+                if committed is not None:
+                    await consumer.commit({tp: committed})
+                await consumer.seek_to_committed()
+                seen.append(await consumer.position(tp))
+            return seen
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(positions()) == [3, 3, 1]
 
 
 def test_aiokafka_cannot_be_idempotent_on_the_embedded_broker(
