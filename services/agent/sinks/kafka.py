@@ -29,7 +29,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
 
 from confluent_kafka import Producer
 
@@ -96,21 +95,15 @@ def publish(task: Publish) -> int:
     """Produces the staged files' records (and, exactly-once, the epoch's marker in the same
     transaction); returns how many records. Runs inside a Spark task, or wherever the writer's
     runner puts it."""
-    exactly_once = task.epoch is not None
-    producer = Producer(
-        _config(
-            task.sink, task.bootstrap, task.job_id, task.transactional_id if exactly_once else None
-        )
-    )
-    if not exactly_once:
+    if task.epoch is None:
+        producer = _producer(task.sink, task.bootstrap, task.job_id, None)
         count = _produce(producer, task, None)
         remaining = producer.flush(60)
         if remaining:
             raise RuntimeError(f"{remaining} records to {task.sink.topic} not delivered")
         return count
-    assert task.epoch is not None
+    producer = _producer(task.sink, task.bootstrap, task.job_id, task.transactional_id)
     digest = outputs_digest(list(task.outputs))
-    producer.init_transactions(30)  # aborts what an earlier publisher of the sink left open
     if _retried():  # the lost attempt may have committed: then the epoch is visible already
         done = newest_marker(
             producer, task.bootstrap, _codec(), task.markers, task.job_id, task.sink.topic
@@ -164,17 +157,22 @@ def newest_marker(
     return max(found, key=lambda m: m.epoch, default=None)
 
 
-def _config(
+def _producer(
     sink: KafkaSink, bootstrap: str, job_id: str, transactional_id: str | None
-) -> dict[str, Any]:
+) -> Producer:
+    """A producer for the sink. Given the sink's transactional id, its transactions are
+    initialised, which aborts whatever an earlier producer of that id left open (fencing)."""
     config = producer_config(
         bootstrap, client_id=f"sparkpoint-sink-{job_id}", transactional_id=transactional_id
     )
     config["linger.ms"] = 5
     config |= {k: v for k, v in sink.properties.items() if k != "transactional.id"}
-    if transactional_id is not None:
-        config["transaction.timeout.ms"] = int(TRANSACTION_TIMEOUT_S * 1000)
-    return config
+    if transactional_id is None:
+        return Producer(config)
+    config["transaction.timeout.ms"] = int(TRANSACTION_TIMEOUT_S * 1000)
+    producer = Producer(config)
+    producer.init_transactions(30)
+    return producer
 
 
 def _produce(producer: Producer, task: Publish, transaction: str | None) -> int:
@@ -279,10 +277,7 @@ class KafkaSinkWriter:
         """A producer of the sink's transactional id, initialised: a predecessor's transaction
         left open is aborted before the markers are read. At-least-once: a plain producer."""
         transactional = self.transactional_id if self.exactly_once else None
-        producer = Producer(_config(self.sink, self.bootstrap, self.job_id, transactional))
-        if self.exactly_once:
-            producer.init_transactions(30)
-        return producer
+        return _producer(self.sink, self.bootstrap, self.job_id, transactional)
 
     def close(self) -> None:
         """Nothing to let go: each publishing task has its own producer."""
