@@ -195,7 +195,9 @@ def test_open_transaction_never_times_out(
 
 # --- fetch wait and one-record batches -------------------------------------------------------------
 
-MANY = 20_000
+MANY = 14_000
+"""Measured on a fresh broker: a 10 ms reader gets all of 8,000 within 5 s, but only 300-700
+of 12,000 (the cliff is in between); producing 14,000 takes about 3 s."""
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +222,7 @@ def test_a_10ms_fetch_wait_starves_a_reader_of_many_one_record_batches(
     live = make_consumer(embedded_only.bootstrap, profile=ConsumerProfile.LIVE)
     seen = values(live, many_single_record_batches, 5.0)
     # Measured: ~16,600 of 20,000 in 30 s. With 20 ms or more, all of them in under a second.
-    assert len(seen) < MANY
+    assert len(seen) < MANY, len(seen)
 
 
 def test_the_replay_profile_reads_many_one_record_batches_to_the_end(
