@@ -358,16 +358,21 @@ def test_at_least_once_sinks_publish_every_record_without_transactions(
 def test_a_killed_agent_restored_from_latest_commits_exactly_the_reference(
     coordinator: Running, payments_topic: str, expected: list[Output], point: str
 ) -> None:
+    """Also: the restored run's checkpoint ids continue above every id the killed one used."""
     name, output = unique("killed"), unique("stats")
+    checkpoints = coordinator.root / "checkpoints" / name
 
     first = agent_process(coordinator, name, payments_topic, output, crash_at=point)
     assert killed(first), f"expected SIGKILL at {point}:\n{first.stderr[-3000:]}"
+    used = max(int(p.name.removeprefix("chk-")) for p in checkpoints.glob("chk-*"))
     second = agent_process(coordinator, name, payments_topic, output, "--restore", "latest")
     assert second.returncode == 0, second.stderr[-3000:]
 
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
-    assert "restoring from" in second.stderr
+    assert re.search(rf"restoring from {re.escape(str(checkpoints))}/chk-\d+\n", second.stderr)
+    completed = [int(n) for n in re.findall(r"checkpoint (\d+) completed", second.stderr)]
+    assert completed and min(completed) > used
 
 
 def test_segment_files_on_a_storage_url_through_a_kill_and_a_rescaled_restore(
@@ -431,23 +436,6 @@ def test_restores_with_parallelism_2_then_4_then_1_commit_exactly_the_reference(
     assert re.search(r"parallelism 1, [1-9]\d* key groups restored", third.stderr)
     registrations = [j for j in (coordinator.service.ended.get(name),) if j is not None]
     assert registrations and registrations[0].registration.parallelism == 1
-
-
-def test_the_checkpoint_id_continues_above_the_restored_one(
-    coordinator: Running, payments_topic: str
-) -> None:
-    name, output = unique("ids"), unique("stats")
-    first = agent_process(coordinator, name, payments_topic, output, crash_at="after-complete:2")
-    assert killed(first)
-    restored_from = max(
-        int(p.name.removeprefix("chk-"))
-        for p in (coordinator.root / "checkpoints" / name).glob("chk-*")
-        if (p / "_metadata").exists()
-    )
-    second = agent_process(coordinator, name, payments_topic, output, "--restore", "latest")
-    assert second.returncode == 0, second.stderr[-3000:]
-    completed = [int(n) for n in re.findall(r"checkpoint (\d+) completed", second.stderr)]
-    assert completed and min(completed) > restored_from
 
 
 def test_a_failover_request_restarts_the_job_from_its_latest_checkpoint(
@@ -707,7 +695,7 @@ def test_a_second_agent_for_a_running_job_exits_with_a_clear_message_and_changes
     coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
 ) -> None:
     name, output = unique("twice"), unique("stats")
-    job = build(name, payments_topic, output, max_records=100)
+    job = build(name, payments_topic, output, max_records=600)
     first = in_process(job, coordinator, spark)
     second_done = threading.Event()
     # the first agent holds after its first round (its heartbeats go on) until the second one
@@ -723,7 +711,7 @@ def test_a_second_agent_for_a_running_job_exits_with_a_clear_message_and_changes
     thread.start()
     wait(lambda: name in coordinator.service.jobs, timeout_s=120, what="the first agent runs")
 
-    second = agent_process(coordinator, name, payments_topic, output, max_records=100)
+    second = agent_process(coordinator, name, payments_topic, output, max_records=600)
     second_done.set()
     thread.join(240)
 
