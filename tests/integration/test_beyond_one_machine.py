@@ -6,6 +6,7 @@ the plain-Python reference each time."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 import s3fs
 
-from services.agent.example import payments, reference_output
+from services.agent.example import generate, payments, reference_output
 from services.agent.runtime import Agent, AgentOptions
 from services.agent.standalone import StandaloneCluster
 from services.common.avro import EventCodec
@@ -65,8 +66,6 @@ def coordinator(
 
 @pytest.fixture(scope="module")
 def payments_topic(kafka: KafkaUnderTest) -> str:
-    from services.agent.example import generate
-
     topic = f"payments-{uuid.uuid4().hex[:8]}"
     assert generate(kafka.bootstrap, topic, RECORDS) == RECORDS
     return topic
@@ -130,11 +129,13 @@ def objects(url: str) -> list[str]:
 
 
 def test_everything_on_s3_through_a_kill_and_a_rescaled_restore(
-    coordinator: Running, bucket: str, payments_topic: str, expected: list[Output]
-) -> None:
+    coordinator: Running, s3: S3Server, bucket: str, spark: Any, payments_topic: str,
+    expected: list[Output], caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
     """Checkpoints with their state, channel segments, and the file sink's part files on S3: an
     agent SIGKILLed mid-batch with segments in flight, restored from S3 with parallelism 3; the
-    finished job started again from latest restores its final checkpoint from S3 and emits
+    finished job started again from latest (in this process, on the session's Spark: a process
+    would spend 10-15 s starting its own) restores its final checkpoint from S3 and emits
     nothing."""
     name = f"s3-{uuid.uuid4().hex[:8]}"
     output, channels = f"{bucket}/out/{name}", f"{bucket}/channels"
@@ -160,10 +161,16 @@ def test_everything_on_s3_through_a_kill_and_a_rescaled_restore(
     assert objects(f"{channels}") == [], "each run's segments are gone once it ended"
 
     parts = objects(output)
-    again = finished(agent(coordinator, bucket, name, payments_topic, output, *common,
-                           "--restore", "latest", sink="files"))  # fmt: skip
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "restored from its final checkpoint (its input ended there): finished" in again.stderr
+    spark.sparkContext.environment.update(s3.environment())  # as in the savepoints test below
+    job = build(name, payments_topic, output, max_records=300, sink="files")
+    options = AgentOptions(
+        coordinator.bootstrap, restore="latest", checkpoint_dir=f"{bucket}/checkpoints",
+        channel_dir=channels,
+    )  # fmt: skip
+    again = Agent(job, options, EventCodec(), spark=spark)
+    with caplog.at_level(logging.INFO, logger="services.agent"):
+        assert again.run() is JobStatus.FINISHED and again.finished_before
+    assert "restored from its final checkpoint (its input ended there): finished" in caplog.text
     assert objects(output) == parts, "nothing published again"
 
 
@@ -183,12 +190,15 @@ def test_storage_roots_confine_s3_urls(bucket: str) -> None:
 
 
 def test_the_agent_on_a_standalone_cluster_through_a_lost_worker_and_a_sigkill(
-    coordinator: Running, kafka: KafkaUnderTest, bucket: str, payments_topic: str,
-    expected: list[Output],
-) -> None:  # fmt: skip
+    coordinator: Running, kafka: KafkaUnderTest, bucket: str
+) -> None:
     """Two workers of one core; the first agent loses a worker mid-run, then is SIGKILLed; the
     second restores from S3 on the surviving worker. Executors share no disk with the driver:
-    everything goes through S3."""
+    everything goes through S3. Half the module's input: on one core with S3 (moto) a round
+    takes about 10 s here, and the other half took 70-90 s more."""
+    payments_topic = f"payments-{uuid.uuid4().hex[:8]}"
+    assert generate(kafka.bootstrap, payments_topic, RECORDS // 2) == RECORDS // 2
+    expected = reference_output(payments(RECORDS // 2), end_of_input=True)
     name, output = f"cluster-{uuid.uuid4().hex[:8]}", f"stats-{uuid.uuid4().hex[:8]}"
     with StandaloneCluster(workers=2, cores=1, memory="1g") as cluster:
         first = agent(coordinator, bucket, name, payments_topic, output,
