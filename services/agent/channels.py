@@ -195,4 +195,4 @@ def delete(path: str) -> None:
         return
     fs, target = url_to_fs(path)
     with contextlib.suppress(FileNotFoundError):
-        fs.rm(target)
+        fs.rm_file(target)  # one DELETE (rm first looks the path up: a HEAD and a LIST on S3)

@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from services.agent.job import MapState, StateDescriptor, empty_series
+from services.common.storage import put_whole
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +129,10 @@ def write_file(path: str, data: bytes | memoryview) -> None:
     it held even if the path is written again."""
     local = local_path(path)
     if local is None:
-        with fsspec.open(path, "wb", auto_mkdir=True) as out:
-            out.write(data)
+        # on an object store one PUT: no directory to make (s3fs's auto_mkdir asked for the
+        # bucket before every write, a HEAD per file)
+        fs, target = fsspec.core.url_to_fs(path)
+        put_whole(fs, target, bytes(data))
         return
     with into_place(local) as temporary, open(temporary, "wb") as target:
         target.write(data)
@@ -194,8 +197,8 @@ def read_file(path: str) -> bytes:
     if local is not None:
         with open(local, "rb") as source:
             return source.read()
-    with fsspec.open(path, "rb") as source:
-        data: bytes = source.read()
+    fs, target = fsspec.core.url_to_fs(path)
+    data: bytes = fs.cat_file(target)  # one GET (opening the file asks for its size first)
     return data
 
 
@@ -228,7 +231,7 @@ def delete_files(paths: Iterable[str]) -> None:
     for path in paths:
         try:
             fs, target = fsspec.core.url_to_fs(path)
-            fs.rm(target)
+            fs.rm_file(target)  # one DELETE (rm first looks the path up: a HEAD and a LIST on S3)
         except FileNotFoundError:
             pass
         except OSError as exc:

@@ -170,7 +170,8 @@ class Storage:
     def delete(self, files: Iterable[str], directory: str | None = None) -> int:
         """Deletes files, then the directory (recursively) if given; returns how many paths went.
         Missing files are fine: a discard may be retried. Files inside ``directory`` go with it
-        (a checkpoint's own files are not deleted one by one)."""
+        (a checkpoint's own files are not deleted one by one). On an object store a file is one
+        DELETE, counted as gone without asking whether it was there (a request more each)."""
         removed = 0
         if directory is not None:
             inside = canonical(directory).rstrip("/") + "/"
@@ -182,7 +183,10 @@ class Storage:
                 continue
             fs, target = url_to_fs(path)
             try:
-                if fs.exists(target):
+                if path != directory and is_object_store(fs):
+                    fs.rm_file(target)  # rm looks the path up first: a HEAD and a LIST
+                    removed += 1
+                elif fs.exists(target):
                     fs.rm(target, recursive=fs.isdir(target))
                     removed += 1
             except FileNotFoundError:

@@ -189,6 +189,38 @@ def test_storage_roots_confine_s3_urls(bucket: str) -> None:
     assert objects(f"{bucket}/elsewhere") == []
 
 
+def test_deletes_on_an_object_store_ask_nothing_first(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A discarded checkpoint's shared files are one DELETE each (a missing one too: a discard
+    may be retried), its directory goes whole; the agent's segment and state files likewise."""
+    from services.agent.channels import delete
+    from services.agent.state import delete_files, read_file, write_file
+
+    storage = Storage([f"{bucket}/d"])
+    shared = [f"{bucket}/d/job/shared/{name}" for name in ("a", "b")]
+    for path in [*shared, f"{bucket}/d/job/chk-3/_metadata", f"{bucket}/d/job/chk-3/x"]:
+        write_file(path, b"data")
+    assert read_file(shared[0]) == b"data"
+    looked_up: list[str] = []
+    lookup = s3fs.S3FileSystem._info
+
+    async def counted(self: s3fs.S3FileSystem, path: str, *args: Any, **kwargs: Any) -> Any:
+        looked_up.append(path)
+        return await lookup(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_info", counted)
+    gone = storage.delete([*shared, f"{bucket}/d/job/shared/missing"], f"{bucket}/d/job/chk-3")
+    assert gone == 4 and objects(f"{bucket}/d") == []
+    assert not [p for p in looked_up if "/shared/" in p], looked_up
+    write_file(f"{bucket}/d/segment", b"s")
+    write_file(f"{bucket}/d/state", b"s")
+    delete(f"{bucket}/d/segment")
+    delete_files([f"{bucket}/d/state", f"{bucket}/d/state"])
+    assert objects(f"{bucket}/d") == []
+    assert not [p for p in looked_up if p.endswith(("/segment", "/state"))], looked_up
+
+
 def test_the_agent_on_a_standalone_cluster_through_a_lost_worker_and_a_sigkill(
     coordinator: Running, kafka: KafkaUnderTest, bucket: str
 ) -> None:
@@ -261,7 +293,7 @@ def test_savepoints_on_s3_are_self_contained_and_restore_with_another_parallelis
     # credentials from the context's environment (as spark.executorEnv.* on a cluster)
     spark.sparkContext.environment.update(s3.environment())
     name, output = f"s3-savepoints-{uuid.uuid4().hex[:8]}", f"stats-{uuid.uuid4().hex[:8]}"
-    job = build(name, payments_topic, output, max_records=100)
+    job = build(name, payments_topic, output, max_records=200)
     target = f"{bucket}/savepoints"
     requests: dict[str, str] = {}
     client = coordinator.client()
