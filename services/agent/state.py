@@ -126,11 +126,10 @@ def local_path(url: str) -> str | None:
 def write_file(path: str, data: bytes | memoryview) -> None:
     """Writes a whole file. On local disk it is written under a temporary name and renamed into
     place: a file is never changed in place, so a hard link to it (`link_or_copy`) keeps what
-    it held even if the path is written again."""
+    it held even if the path is written again. Elsewhere as `put_whole` writes: on an object
+    store one PUT, nothing asked first (s3fs's ``auto_mkdir`` asked for the bucket each time)."""
     local = local_path(path)
     if local is None:
-        # on an object store one PUT: no directory to make (s3fs's auto_mkdir asked for the
-        # bucket before every write, a HEAD per file)
         fs, target = fsspec.core.url_to_fs(path)
         put_whole(fs, target, bytes(data))
         return
