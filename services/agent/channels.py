@@ -15,13 +15,11 @@ Consumed segments' files are deleted unless a snapshot still references them (`p
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fsspec.core import url_to_fs
+from services.agent.state import delete_file
 
 DEFAULT_CAPACITY_BYTES = 256 * 1024 * 1024
 """Per channel, queued segment bytes above which the source stops fetching (backpressure)."""
@@ -178,21 +176,11 @@ class SegmentFiles:
                 del self.pins[path]
                 if path in self.doomed:
                     self.doomed.discard(path)
-                    delete(f"{self.directory}/{path}")
+                    delete_file(f"{self.directory}/{path}")
 
     def discard(self, segments: Iterable[Segment]) -> None:
         for segment in segments:
             if segment.path in self.pins:
                 self.doomed.add(segment.path)
             else:
-                delete(f"{self.directory}/{segment.path}")
-
-
-def delete(path: str) -> None:
-    if "://" not in path:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return
-    fs, target = url_to_fs(path)
-    with contextlib.suppress(FileNotFoundError):
-        fs.rm_file(target)  # one DELETE (rm first looks the path up: a HEAD and a LIST on S3)
+                delete_file(f"{self.directory}/{segment.path}")

@@ -225,14 +225,23 @@ def link_or_copy(source: str, target: str) -> None:
     copy_file(source, target)
 
 
+def delete_file(path: str) -> None:
+    """Deletes a file that may already be gone: on local disk one unlink, elsewhere one
+    ``rm_file`` (``rm`` first looks the path up: a HEAD and a LIST on S3)."""
+    local = local_path(path)
+    with contextlib.suppress(FileNotFoundError):
+        if local is not None:
+            os.unlink(local)
+        else:
+            fs, target = fsspec.core.url_to_fs(path)
+            fs.rm_file(target)
+
+
 def delete_files(paths: Iterable[str]) -> None:
     """Deletes files that may already be gone; other failures are logged, never raised."""
     for path in paths:
         try:
-            fs, target = fsspec.core.url_to_fs(path)
-            fs.rm_file(target)  # one DELETE (rm first looks the path up: a HEAD and a LIST on S3)
-        except FileNotFoundError:
-            pass
+            delete_file(path)
         except OSError as exc:
             log.warning("could not delete %s: %s", path, exc)
 

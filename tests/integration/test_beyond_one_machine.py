@@ -194,8 +194,7 @@ def test_deletes_on_an_object_store_ask_nothing_first(
 ) -> None:
     """A discarded checkpoint's shared files are one DELETE each (a missing one too: a discard
     may be retried), its directory goes whole; the agent's segment and state files likewise."""
-    from services.agent.channels import delete
-    from services.agent.state import delete_files, read_file, write_file
+    from services.agent.state import delete_file, delete_files, read_file, write_file
 
     storage = Storage([f"{bucket}/d"])
     shared = [f"{bucket}/d/job/shared/{name}" for name in ("a", "b")]
@@ -215,7 +214,7 @@ def test_deletes_on_an_object_store_ask_nothing_first(
     assert not [p for p in looked_up if "/shared/" in p], looked_up
     write_file(f"{bucket}/d/segment", b"s")
     write_file(f"{bucket}/d/state", b"s")
-    delete(f"{bucket}/d/segment")
+    delete_file(f"{bucket}/d/segment")
     delete_files([f"{bucket}/d/state", f"{bucket}/d/state"])
     assert objects(f"{bucket}/d") == []
     assert not [p for p in looked_up if p.endswith(("/segment", "/state"))], looked_up
