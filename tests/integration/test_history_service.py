@@ -10,6 +10,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,6 @@ import aiokafka
 import aiokafka.errors
 import httpx
 import pytest
-from confluent_kafka.admin import NewTopic
 
 from services import audit
 from services.common.avro import EventCodec
@@ -26,7 +26,6 @@ from services.common.events import CheckpointEventType, CheckpointLifecycleEvent
 from services.common.kafka import (
     EventPublisher,
     end_offsets,
-    make_admin,
     make_consumer,
     make_producer,
     replay_topic,
@@ -224,13 +223,13 @@ def test_audit_reads_the_history_service_and_follows_new_events(
     assert not any("checkpoint 1 " in line for line in followed), "what was written before"
 
 
-def test_aiokafka_does_not_go_back_to_an_offset_of_0_or_none(kafka: KafkaUnderTest) -> None:
+def test_aiokafka_does_not_go_back_to_an_offset_of_0_or_none(
+    kafka: KafkaUnderTest, new_topic: Callable[..., str]
+) -> None:
     """Why the history service's consumer rewinds by itself (`RewindingConsumer`), on any broker:
     faust drops fetched records when it stops the flow and goes back with ``seek_to_committed``,
     which leaves the position alone where the committed offset is missing or 0."""
-    topic = f"aiokafka-rewind-{uuid.uuid4().hex[:8]}"
-    admin = make_admin(kafka.bootstrap)
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    topic = new_topic()
     producer = make_producer(kafka.bootstrap, one_record_per_batch=True)
     for n in range(3):
         producer.produce(topic, value=str(n).encode())
