@@ -173,7 +173,8 @@ class Membership:
     ) -> RegistrationResponse:
         started = reported = time.monotonic()
         while not self.stopping.is_set():
-            for record in control.poll(0.05, 100):
+            records = control.poll(0.05, 100)
+            for i, record in enumerate(records):
                 event = record.event
                 if record.key == self.job_id and isinstance(event, CancelJob):
                     self.cancelled = event  # judged once the registration is accepted
@@ -182,6 +183,9 @@ class Membership:
                     and isinstance(event, RegistrationResponse)
                     and (event.agent_id, event.attempt) == (self.agent_id, registration.attempt)
                 ):
+                    # what came with the answer is the accepted attempt's: its first trigger
+                    # may follow the answer within one fetch, and is the job loop's to handle
+                    control.unread(records[i + 1 :])
                     return event
             if time.monotonic() - reported >= WAIT_REPORT_S:
                 reported = time.monotonic()

@@ -167,10 +167,11 @@ class AgentOptions:
 
 
 class Restart(Exception):
-    """A failover request: restart the job from its latest completed checkpoint."""
+    """A failover request: restart the job from its latest completed checkpoint (or ``path``).
+    Its text is the coordinator's reason, as the agent's log shows it."""
 
-    def __init__(self, path: str | None) -> None:
-        super().__init__(path)
+    def __init__(self, path: str | None, why: str = "") -> None:
+        super().__init__(why or "failover requested")
         self.path = path
 
 
@@ -1018,7 +1019,11 @@ class Agent(SubtaskCheckpointing):
         elif isinstance(event, NotifyCheckpointAborted):
             self._on_aborted(event)
         elif isinstance(event, FailoverRequest):
-            raise Restart(event.restore_external_path)
+            raise Restart(
+                event.restore_external_path,
+                f"the coordinator asked for a failover: {event.reason.value} "
+                f"({event.consecutive_failures} in a row): {event.message}",
+            )
         elif isinstance(event, CancelJob):
             log.info(
                 "job %s: cancelled by %s", self.job_id, event.requested_by or "the coordinator"

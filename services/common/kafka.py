@@ -348,6 +348,12 @@ class EventSubscriber:
         self.codec = codec
         self.on_malformed = on_malformed
         self.malformed = 0
+        self._unread: list[Received] = []
+
+    def unread(self, records: Iterable[Received]) -> None:
+        """Records a caller took from `poll` but left for later readers: the next polls hand
+        them out first, in their order, before anything fetched since."""
+        self._unread[:0] = list(records)
 
     def subscribe(self, topics: Iterable[TopicSpec | str], **callbacks: Any) -> None:
         self.consumer.subscribe([_topic(t) for t in topics], **callbacks)
@@ -359,7 +365,11 @@ class EventSubscriber:
         """Up to ``max_records`` records, returning as soon as one arrived (within ``timeout_s``)
         with whatever else is already fetched. (``Consumer.consume`` alone waits out its whole
         timeout unless ``max_records`` arrive: up to a poll timeout per hop on the control and
-        acknowledgement paths, and per read of a small topic.)"""
+        acknowledgement paths, and per read of a small topic.) Records given back with `unread`
+        come first, without waiting."""
+        if self._unread:
+            records, self._unread = self._unread[:max_records], self._unread[max_records:]
+            return records
         messages = fetched(self.consumer, timeout_s, max_records)
         return [r for r in (self._decode(m) for m in messages) if r is not None]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -280,3 +280,45 @@ def test_a_forged_acknowledgement_deletes_nothing_it_does_not_provably_own(
     agent.stop()
     assert other_job.read_bytes() == b"not yours"
     assert outside.read_text() == "not yours either"
+
+
+def test_a_trigger_fetched_with_the_registration_answer_reaches_the_job_loop(
+    kafka: KafkaUnderTest, new_topic: Callable[..., str]
+) -> None:
+    """The coordinator's first trigger may follow its answer to a registration within one fetch
+    (the first trigger comes after a random delay from 0 ms). The agent's registration takes the
+    answer; the trigger is still the next event its job loop reads. It was dropped once, and
+    the job's first checkpoint expired a minute later."""
+    import threading
+
+    from confluent_kafka import Producer, TopicPartition
+
+    from services.agent.membership import Membership
+    from services.common.events import JobRegistered, RegistrationResponse, SnapshotType
+    from services.common.events import TriggerCheckpoint as Trigger
+    from services.common.kafka import EventSubscriber, make_consumer
+
+    codec, topic, job_id, agent_id = EventCodec(), new_topic(), "answered", "agent-a"
+    answer = RegistrationResponse(job_id, 1, agent_id, 0, True, 0, checkpoint_id_counter=1)
+    first = Trigger(
+        job_id, 1, 1, 0, SnapshotType.CHECKPOINT, True, False, "/tmp/chk-1",
+        agent_id=agent_id, attempt=0,
+    )  # fmt: skip
+    batch = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 200})  # one batch
+    for event in (answer, first):
+        batch.produce(topic, key=job_id.encode(), value=codec.encode(event))
+    assert batch.flush(10) == 0
+    control = EventSubscriber(make_consumer(kafka.bootstrap), codec)
+    control.assign([TopicPartition(topic, 0, 0)])
+    publisher = EventPublisher(make_producer(kafka.bootstrap), codec)
+    member = Membership(job_id, agent_id, publisher, threading.Event())
+
+    def registration(attempt: int) -> JobRegistered:
+        return JobRegistered(
+            job_id, job_id, agent_id, attempt, JobStatus.RUNNING, 1, 128, [], {}, 0
+        )
+
+    assert member.register(registration, control, 0) == answer
+    heard = [r.event for r in control.poll(1.0, 10)]
+    control.close()
+    assert heard == [first]
