@@ -31,7 +31,14 @@ from services.agent.job import (
     StateDescriptor,
     empty_series,
 )
-from services.agent.state import decode_state, encode_state, read_file, working_path, write_file
+from services.agent.state import (
+    decode_state,
+    encode_state,
+    read_file,
+    read_files,
+    working_path,
+    write_files,
+)
 from services.common.kafka import consumer_config, fetched
 from services.common.keygroups import key_groups, operator_indexes
 
@@ -258,12 +265,14 @@ def fetch_and_partition(task: FetchTask, map_function: MapFunction) -> FetchResu
         groups = key_groups(frame[task.key].to_numpy(), task.max_parallelism)
         subtasks = operator_indexes(task.max_parallelism, task.parallelism, groups)
         frame = frame.assign(**{KEY_GROUP_COLUMN: groups})
+        written: dict[str, bytes] = {}
         for subtask, part in frame.groupby(subtasks, sort=True):
             data = to_ipc(part.reset_index(drop=True))
             name = segment_name(task, int(subtask))
-            # written whole (renamed into place on local disk): a checkpoint may hard-link it
-            write_file(f"{task.channel_dir}/{name}", data)
+            written[f"{task.channel_dir}/{name}"] = data
             segments.append((int(subtask), name, len(part), len(data)))
+        # written whole (renamed into place on local disk): a checkpoint may hard-link them
+        write_files(written)
     return FetchResult(
         task.topic,
         task.partition,
@@ -324,18 +333,36 @@ so a path is a safe key."""
 CACHE_ENTRIES = 512
 
 
-def load_state(path: str, declared: Mapping[str, StateDescriptor]) -> dict[str, pd.Series]:
-    """A state file's series, from the worker's cache when it has them: shared, never to be
-    changed in place (`merged_state` concatenates them into new series)."""
-    frames = _CACHE.get(path)
-    if frames is None:
-        frames = decode_state(read_file(path), declared)
-        _CACHE[path] = frames
-        while len(_CACHE) > CACHE_ENTRIES:
-            _CACHE.popitem(last=False)
-    else:
-        _CACHE.move_to_end(path)
-    return frames
+WRITE_BATCH_BYTES = 64 << 20
+"""Stage 2 writes a round's state files in batches of about this many bytes (`write_files`: on an
+object store a batch's PUTs are in flight together)."""
+
+
+def load_states(
+    paths: Mapping[int, str], declared: Mapping[str, StateDescriptor]
+) -> dict[int, dict[str, pd.Series]]:
+    """Key group -> its state file's series, from the worker's cache when it has them (shared,
+    never to be changed in place: `merged_state` concatenates them into new series); the files
+    it lacks are read together (`read_files`)."""
+    loaded: dict[int, dict[str, pd.Series]] = {}
+    missing: dict[str, int] = {}
+    for group, path in paths.items():
+        frames = _CACHE.get(path)
+        if frames is None:
+            missing[path] = group
+        else:
+            _CACHE.move_to_end(path)
+            loaded[group] = frames
+    for path, data in read_files(missing).items():
+        loaded[missing[path]] = frames = decode_state(data, declared)
+        remember(path, frames)
+    return {group: loaded[group] for group in paths}
+
+
+def remember(path: str, frames: dict[str, pd.Series]) -> None:
+    _CACHE[path] = frames
+    while len(_CACHE) > CACHE_ENTRIES:
+        _CACHE.popitem(last=False)
 
 
 def keep_key_groups(frame: pd.DataFrame, groups: tuple[int, int] | None) -> pd.DataFrame:
@@ -403,16 +430,18 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     state stays per key group, a Python call per round, not per key group or record)."""
     declared = function.state
     ranges = task.segment_key_groups or [None] * len(task.segments)
+    paths = [f"{task.channel_dir}/{name}" for name in task.segments]
+    segment_bytes = read_files(paths)  # on an object store, fetched together
     frames = [
-        keep_key_groups(from_ipc(f"{task.channel_dir}/{name}"), groups)
-        for name, groups in zip(task.segments, ranges, strict=True)
+        keep_key_groups(from_ipc(segment_bytes[path]), groups)
+        for path, groups in zip(paths, ranges, strict=True)
     ]
     records = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     groups = records.pop(KEY_GROUP_COLUMN) if len(records) else pd.Series([], dtype="int32")
     had = {int(g) for g in groups.unique()}
     if task.end_of_input:
         had |= set(task.versions)
-    loaded = {g: load_state(path, declared) for g in sorted(had) if (path := task.state_file(g))}
+    loaded = load_states({g: path for g in sorted(had) if (path := task.state_file(g))}, declared)
     # the records' keys, taken before the function runs (it may change the frame)
     keys = records[task.key].to_numpy(copy=True) if len(records) else np.array([], dtype=object)
     state = KeyedState(declared, merged_state(loaded, declared))
@@ -422,6 +451,7 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     if task.end_of_input and any(len(series) for series in state.frames().values()):
         outputs.append(user_code(function.on_end_of_input, state))
     new_versions: dict[int, int] = {}
+    written: dict[str, bytes] = {}
     if state.changed:
         owners = key_owners(loaded, keys, groups)
         split = {
@@ -441,14 +471,18 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
                 continue  # no state before, none now: nothing to keep
             data = encode_state(frames_of_group)
             new_path = working_path(task.state_dir, group, task.version)
-            write_file(new_path, data)
-            _CACHE[new_path] = frames_of_group
+            written[new_path] = data
+            remember(new_path, frames_of_group)
             new_versions[group] = len(data)
+            if sum(map(len, written.values())) >= WRITE_BATCH_BYTES:  # bounds the memory held
+                write_files(written)
+                written.clear()
     emitted = [out for out in outputs if out is not None and len(out)]
     output_path = None
     if emitted:
         output_path = task.output_path
-        write_file(output_path, to_ipc(pd.concat(emitted, ignore_index=True)))
+        written[output_path] = to_ipc(pd.concat(emitted, ignore_index=True))
+    write_files(written)
     return ProcessResult(task.subtask, new_versions, output_path)
 
 

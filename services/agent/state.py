@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from services.agent.job import MapState, StateDescriptor, empty_series
-from services.common.storage import put_whole
+from services.common.storage import is_object_store, put_whole
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +199,47 @@ def read_file(path: str) -> bytes:
     fs, target = fsspec.core.url_to_fs(path)
     data: bytes = fs.cat_file(target)  # one GET (opening the file asks for its size first)
     return data
+
+
+def read_files(paths: Iterable[str]) -> dict[str, bytes]:
+    """Whole files by path. On local disk they are read one after another; elsewhere each file
+    system gets one fsspec ``cat`` of its paths: on an object store the GETs are in flight
+    together, where `read_file` one by one would wait a round trip per file."""
+    found: dict[str, bytes] = {}
+    remote: dict[str, tuple[fsspec.AbstractFileSystem, dict[str, str]]] = {}
+    for path in paths:
+        if local_path(path) is not None:
+            found[path] = read_file(path)
+            continue
+        fs, target = fsspec.core.url_to_fs(path)
+        remote.setdefault(fs_key(fs), (fs, {}))[1][target] = path
+    for fs, targets in remote.values():
+        data = fs.cat(list(targets))  # a list: a dict by path, however many
+        for target, path in targets.items():
+            found[path] = data[target]
+    return found
+
+
+def write_files(files: Mapping[str, bytes]) -> None:
+    """Writes whole files as `write_file` does; on an object store each file system's PUTs are in
+    flight together (one fsspec ``pipe`` of them all), elsewhere one after another."""
+    remote: dict[str, tuple[fsspec.AbstractFileSystem, dict[str, bytes]]] = {}
+    for path, data in files.items():
+        if local_path(path) is not None:
+            write_file(path, data)
+            continue
+        fs, target = fsspec.core.url_to_fs(path)
+        if not is_object_store(fs):
+            put_whole(fs, target, data)
+            continue
+        remote.setdefault(fs_key(fs), (fs, {}))[1][target] = data
+    for fs, targets in remote.values():
+        fs.pipe(targets)
+
+
+def fs_key(fs: fsspec.AbstractFileSystem) -> str:
+    """One key per file system instance (fsspec caches instances per protocol and options)."""
+    return f"{type(fs).__name__}:{id(fs)}"
 
 
 def copy_file(source: str, target: str) -> int:

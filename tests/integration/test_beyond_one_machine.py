@@ -220,6 +220,39 @@ def test_deletes_on_an_object_store_ask_nothing_first(
     assert not [p for p in looked_up if p.endswith(("/segment", "/state"))], looked_up
 
 
+def test_a_rounds_files_are_in_flight_together_on_an_object_store(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stage 2 writes a round's state files, and reads those its worker has not cached, as
+    requests in flight together (a round trip for them all, not one per key group); each file
+    is still one PUT or GET of its whole bytes."""
+    from services.agent.state import read_files, write_files
+
+    in_flight, most = [0], [0]
+
+    def counted(method: Any) -> Any:
+        async def wrapper(self: s3fs.S3FileSystem, *args: Any, **kwargs: Any) -> Any:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            try:
+                return await method(self, *args, **kwargs)
+            finally:
+                in_flight[0] -= 1
+
+        return wrapper
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_pipe_file", counted(s3fs.S3FileSystem._pipe_file))
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cat_file", counted(s3fs.S3FileSystem._cat_file))
+    files = {f"{bucket}/round/kg-{group:05d}.arrow": bytes([group]) * 1000 for group in range(16)}
+    write_files(files)
+    assert most[0] > 1, "the PUTs went one after another"
+    assert sorted(objects(f"{bucket}/round")) == sorted(p[len("s3://") :] for p in files)
+    most[0] = 0
+    assert read_files(list(files)) == files
+    assert most[0] > 1, "the GETs went one after another"
+    assert read_files([]) == {}
+
+
 def test_the_agent_on_a_standalone_cluster_through_a_lost_worker_and_a_sigkill(
     coordinator: Running, kafka: KafkaUnderTest, bucket: str
 ) -> None:
