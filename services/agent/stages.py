@@ -334,7 +334,7 @@ CACHE_ENTRIES = 512
 
 
 WRITE_BATCH_BYTES = 64 << 20
-"""Stage 2 writes a round's state files in batches of about this many bytes (`write_files`: on an
+"""Stage 2 writes a round's files in batches of about this many bytes (`write_files`: on an
 object store a batch's PUTs are in flight together)."""
 
 
@@ -451,7 +451,7 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     if task.end_of_input and any(len(series) for series in state.frames().values()):
         outputs.append(user_code(function.on_end_of_input, state))
     new_versions: dict[int, int] = {}
-    written: dict[str, bytes] = {}
+    batch = WriteBatch()
     if state.changed:
         owners = key_owners(loaded, keys, groups)
         split = {
@@ -470,20 +470,40 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
             if before is None and not any(len(f) for f in frames_of_group.values()):
                 continue  # no state before, none now: nothing to keep
             data = encode_state(frames_of_group)
-            new_path = working_path(task.state_dir, group, task.version)
-            written[new_path] = data
-            remember(new_path, frames_of_group)
+            batch.add(working_path(task.state_dir, group, task.version), data, frames_of_group)
             new_versions[group] = len(data)
-            if sum(map(len, written.values())) >= WRITE_BATCH_BYTES:  # bounds the memory held
-                write_files(written)
-                written.clear()
     emitted = [out for out in outputs if out is not None and len(out)]
     output_path = None
     if emitted:
         output_path = task.output_path
-        written[output_path] = to_ipc(pd.concat(emitted, ignore_index=True))
-    write_files(written)
+        batch.add(output_path, to_ipc(pd.concat(emitted, ignore_index=True)))
+    batch.flush()
     return ProcessResult(task.subtask, new_versions, output_path)
+
+
+@dataclass
+class WriteBatch:
+    """A stage-2 task's new files, written together (`write_files`) once they hold
+    `WRITE_BATCH_BYTES`, and at the end; a state file's series enter the worker's cache once
+    the file is written."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    frames: dict[str, dict[str, pd.Series]] = field(default_factory=dict)
+    size: int = 0
+
+    def add(self, path: str, data: bytes, frames: dict[str, pd.Series] | None = None) -> None:
+        self.files[path] = data
+        if frames is not None:
+            self.frames[path] = frames
+        self.size += len(data)
+        if self.size >= WRITE_BATCH_BYTES:  # bounds the memory a round holds
+            self.flush()
+
+    def flush(self) -> None:
+        write_files(self.files)
+        for path, frames in self.frames.items():
+            remember(path, frames)
+        self.files, self.frames, self.size = {}, {}, 0
 
 
 def output_file(sink_dir: str, round_id: int, subtask: int) -> str:

@@ -202,28 +202,30 @@ def read_file(path: str) -> bytes:
 
 
 def read_files(paths: Iterable[str]) -> dict[str, bytes]:
-    """Whole files by path. On local disk they are read one after another; elsewhere each file
-    system gets one fsspec ``cat`` of its paths: on an object store the GETs are in flight
-    together, where `read_file` one by one would wait a round trip per file."""
+    """Whole files by path, files that are never empty (Arrow streams). On local disk they are
+    read one after another; elsewhere each file system gets one fsspec ``cat_ranges`` of its
+    paths, each from byte 0 to its end: on an object store the GETs are in flight together and
+    none asks for the size first (`read_file` asks, and waits a round trip per file). Paths are
+    taken as they are, never as glob patterns."""
     found: dict[str, bytes] = {}
-    remote: dict[str, tuple[fsspec.AbstractFileSystem, dict[str, str]]] = {}
+    remote: dict[int, tuple[fsspec.AbstractFileSystem, dict[str, str]]] = {}
     for path in paths:
         if local_path(path) is not None:
             found[path] = read_file(path)
             continue
         fs, target = fsspec.core.url_to_fs(path)
-        remote.setdefault(fs_key(fs), (fs, {}))[1][target] = path
+        remote.setdefault(id(fs), (fs, {}))[1][target] = path
     for fs, targets in remote.values():
-        data = fs.cat(list(targets))  # a list: a dict by path, however many
-        for target, path in targets.items():
-            found[path] = data[target]
+        data = fs.cat_ranges(list(targets), 0, None, on_error="raise")
+        for path, content in zip(targets.values(), data, strict=True):
+            found[path] = content
     return found
 
 
 def write_files(files: Mapping[str, bytes]) -> None:
     """Writes whole files as `write_file` does; on an object store each file system's PUTs are in
     flight together (one fsspec ``pipe`` of them all), elsewhere one after another."""
-    remote: dict[str, tuple[fsspec.AbstractFileSystem, dict[str, bytes]]] = {}
+    remote: dict[int, tuple[fsspec.AbstractFileSystem, dict[str, bytes]]] = {}
     for path, data in files.items():
         if local_path(path) is not None:
             write_file(path, data)
@@ -232,14 +234,9 @@ def write_files(files: Mapping[str, bytes]) -> None:
         if not is_object_store(fs):
             put_whole(fs, target, data)
             continue
-        remote.setdefault(fs_key(fs), (fs, {}))[1][target] = data
+        remote.setdefault(id(fs), (fs, {}))[1][target] = data
     for fs, targets in remote.values():
         fs.pipe(targets)
-
-
-def fs_key(fs: fsspec.AbstractFileSystem) -> str:
-    """One key per file system instance (fsspec caches instances per protocol and options)."""
-    return f"{type(fs).__name__}:{id(fs)}"
 
 
 def copy_file(source: str, target: str) -> int:

@@ -225,7 +225,8 @@ def test_a_rounds_files_are_in_flight_together_on_an_object_store(
 ) -> None:
     """Stage 2 writes a round's state files, and reads those its worker has not cached, as
     requests in flight together (a round trip for them all, not one per key group); each file
-    is still one PUT or GET of its whole bytes."""
+    is still one PUT or GET of its whole bytes, and a read asks nothing first (no HEAD for the
+    size)."""
     from services.agent.state import read_files, write_files
 
     in_flight, most = [0], [0]
@@ -243,13 +244,22 @@ def test_a_rounds_files_are_in_flight_together_on_an_object_store(
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_pipe_file", counted(s3fs.S3FileSystem._pipe_file))
     monkeypatch.setattr(s3fs.S3FileSystem, "_cat_file", counted(s3fs.S3FileSystem._cat_file))
+    looked_up: list[str] = []
+    lookup = s3fs.S3FileSystem._info
+
+    async def info(self: s3fs.S3FileSystem, path: str, *args: Any, **kwargs: Any) -> Any:
+        looked_up.append(path)
+        return await lookup(self, path, *args, **kwargs)
+
     files = {f"{bucket}/round/kg-{group:05d}.arrow": bytes([group]) * 1000 for group in range(16)}
     write_files(files)
     assert most[0] > 1, "the PUTs went one after another"
     assert sorted(objects(f"{bucket}/round")) == sorted(p[len("s3://") :] for p in files)
     most[0] = 0
+    monkeypatch.setattr(s3fs.S3FileSystem, "_info", info)
     assert read_files(list(files)) == files
     assert most[0] > 1, "the GETs went one after another"
+    assert looked_up == [], "a read asked for the size first"
     assert read_files([]) == {}
 
 
