@@ -197,7 +197,7 @@ def read_file(path: str) -> bytes:
         with open(local, "rb") as source:
             return source.read()
     fs, target = fsspec.core.url_to_fs(path)
-    data: bytes = fs.cat_file(target)  # one GET (opening the file asks for its size first)
+    data: bytes = fs.cat_file(target)  # on S3 a HEAD for the size, then one GET
     return data
 
 
@@ -207,36 +207,42 @@ def read_files(paths: Iterable[str]) -> dict[str, bytes]:
     paths, each from byte 0 to its end: on an object store the GETs are in flight together and
     none asks for the size first (`read_file` asks, and waits a round trip per file). Paths are
     taken as they are, never as glob patterns."""
-    found: dict[str, bytes] = {}
-    remote: dict[int, tuple[fsspec.AbstractFileSystem, dict[str, str]]] = {}
-    for path in paths:
-        if local_path(path) is not None:
-            found[path] = read_file(path)
-            continue
-        fs, target = fsspec.core.url_to_fs(path)
-        remote.setdefault(id(fs), (fs, {}))[1][target] = path
-    for fs, targets in remote.values():
+    local, remote = by_file_system(paths)
+    found = {path: read_file(path) for path in local}
+    for fs, targets in remote:
         data = fs.cat_ranges(list(targets), 0, None, on_error="raise")
-        for path, content in zip(targets.values(), data, strict=True):
-            found[path] = content
+        found.update(zip(targets.values(), data, strict=True))
     return found
 
 
 def write_files(files: Mapping[str, bytes]) -> None:
     """Writes whole files as `write_file` does; on an object store each file system's PUTs are in
     flight together (one fsspec ``pipe`` of them all), elsewhere one after another."""
-    remote: dict[int, tuple[fsspec.AbstractFileSystem, dict[str, bytes]]] = {}
-    for path, data in files.items():
+    local, remote = by_file_system(files)
+    for path in local:
+        write_file(path, files[path])
+    for fs, targets in remote:
+        if is_object_store(fs):
+            fs.pipe({target: files[path] for target, path in targets.items()})
+        else:
+            for target, path in targets.items():
+                put_whole(fs, target, files[path])
+
+
+def by_file_system(
+    paths: Iterable[str],
+) -> tuple[list[str], list[tuple[fsspec.AbstractFileSystem, dict[str, str]]]]:
+    """Local paths, and the others per file system instance (fsspec caches one per protocol and
+    options) as its own path -> the path given."""
+    local: list[str] = []
+    remote: dict[int, tuple[fsspec.AbstractFileSystem, dict[str, str]]] = {}
+    for path in paths:
         if local_path(path) is not None:
-            write_file(path, data)
+            local.append(path)
             continue
         fs, target = fsspec.core.url_to_fs(path)
-        if not is_object_store(fs):
-            put_whole(fs, target, data)
-            continue
-        remote.setdefault(id(fs), (fs, {}))[1][target] = data
-    for fs, targets in remote.values():
-        fs.pipe(targets)
+        remote.setdefault(id(fs), (fs, {}))[1][target] = path
+    return local, list(remote.values())
 
 
 def copy_file(source: str, target: str) -> int:

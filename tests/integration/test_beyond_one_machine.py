@@ -189,6 +189,19 @@ def test_storage_roots_confine_s3_urls(bucket: str) -> None:
     assert objects(f"{bucket}/elsewhere") == []
 
 
+def record_lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths s3fs looks up (``_info``: a HEAD, or a LIST for a prefix) from now on."""
+    looked_up: list[str] = []
+    lookup = s3fs.S3FileSystem._info
+
+    async def recorded(self: s3fs.S3FileSystem, path: str, *args: Any, **kwargs: Any) -> Any:
+        looked_up.append(path)
+        return await lookup(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_info", recorded)
+    return looked_up
+
+
 def test_deletes_on_an_object_store_ask_nothing_first(
     bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -201,14 +214,7 @@ def test_deletes_on_an_object_store_ask_nothing_first(
     for path in [*shared, f"{bucket}/d/job/chk-3/_metadata", f"{bucket}/d/job/chk-3/x"]:
         write_file(path, b"data")
     assert read_file(shared[0]) == b"data"
-    looked_up: list[str] = []
-    lookup = s3fs.S3FileSystem._info
-
-    async def counted(self: s3fs.S3FileSystem, path: str, *args: Any, **kwargs: Any) -> Any:
-        looked_up.append(path)
-        return await lookup(self, path, *args, **kwargs)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_info", counted)
+    looked_up = record_lookups(monkeypatch)
     gone = storage.delete([*shared, f"{bucket}/d/job/shared/missing"], f"{bucket}/d/job/chk-3")
     assert gone == 4 and objects(f"{bucket}/d") == []
     assert not [p for p in looked_up if "/shared/" in p], looked_up
@@ -244,19 +250,12 @@ def test_a_rounds_files_are_in_flight_together_on_an_object_store(
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_pipe_file", counted(s3fs.S3FileSystem._pipe_file))
     monkeypatch.setattr(s3fs.S3FileSystem, "_cat_file", counted(s3fs.S3FileSystem._cat_file))
-    looked_up: list[str] = []
-    lookup = s3fs.S3FileSystem._info
-
-    async def info(self: s3fs.S3FileSystem, path: str, *args: Any, **kwargs: Any) -> Any:
-        looked_up.append(path)
-        return await lookup(self, path, *args, **kwargs)
-
     files = {f"{bucket}/round/kg-{group:05d}.arrow": bytes([group]) * 1000 for group in range(16)}
     write_files(files)
     assert most[0] > 1, "the PUTs went one after another"
     assert sorted(objects(f"{bucket}/round")) == sorted(p[len("s3://") :] for p in files)
     most[0] = 0
-    monkeypatch.setattr(s3fs.S3FileSystem, "_info", info)
+    looked_up = record_lookups(monkeypatch)
     assert read_files(list(files)) == files
     assert most[0] > 1, "the GETs went one after another"
     assert looked_up == [], "a read asked for the size first"
