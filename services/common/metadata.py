@@ -148,7 +148,10 @@ class SnapshotMetadata:
             ],
             **self.extra,
         }
-        return json.dumps(document, indent=1).encode()
+        # compact: json's C encoder serves only documents without indentation, and the
+        # coordinator writes one per completed checkpoint (indent=1 cost a fifth of its CPU at
+        # 1,000 checkpoints a second)
+        return json.dumps(document, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, data: bytes | str, location: str) -> SnapshotMetadata:
