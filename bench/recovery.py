@@ -192,7 +192,7 @@ def inflation(root: Path, path: str) -> dict[str, object]:
         recovery = ChannelRecovery.adopt(
             step, channel_state.assign(files, ranges), ranges, channels, str(channel_dir), True
         )
-        while recovery.filtering() or recovery.future is not None:
+        while recovery.filtering() or recovery.futures:
             recovery.step(channels, str(channel_dir), MAX_PARALLELISM, inline)
         target = root / f"chain-chk-{step}"
         target.mkdir()

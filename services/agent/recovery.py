@@ -33,7 +33,9 @@ filtered file not yet counted in its channel.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -43,19 +45,31 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 
 from services.agent.channel_state import ChannelStateFile
 from services.agent.channels import Channel, Segment
 from services.agent.faults import crash_point
 from services.agent.stages import KEY_GROUP_COLUMN
-from services.agent.state import link_or_copy, read_table, write_table
+from services.agent.state import (
+    link_or_copy,
+    local_path,
+    read_table,
+    temporary_beside,
+    write_file,
+)
 from services.common.keygroups import KeyGroupRange, operator_indexes
 
 log = logging.getLogger(__name__)
 
-FILTER_BATCH_BYTES = 64 * 1024 * 1024
-"""Restored bytes one filter task reads (and holds) at most: its output is one segment file per
-new subtask."""
+FILTER_BATCH_BYTES = 256 * 1024 * 1024
+"""Restored bytes one filter task reads at most: its output is one segment file per new
+subtask. A task holds one restored file at a time, and its output too where the channel
+storage is not local (`SplitOutputs`)."""
+
+FIRST_BATCH_BYTES = 64 * 1024 * 1024
+"""Restored bytes the first batch holds at most: its split is the first filter job, so the
+subtasks get restored rows to process early."""
 
 
 # --- executor side ----------------------------------------------------------------------------------
@@ -85,37 +99,81 @@ class FilterResult:
 
 
 def filter_restored(task: FilterTask) -> FilterResult:
-    """Reads the task's restored files once, keeps each file's rows of its key groups, and writes
-    every new subtask's rows, in their restored order, as one segment file of its own."""
-    kept: list[pa.Table] = []
+    """Reads the task's restored files once, in order, keeps each file's rows of its key groups,
+    and appends every new subtask's rows of it to that subtask's segment file: one output file
+    per new subtask, its rows in their restored order. A file's rows are let go once split, so
+    a task holds one restored file at a time, however many it reads (`SplitOutputs`)."""
     read = 0
-    for path, (first, last) in task.files:
-        table, size = read_table(path, memory_map=False)  # read once, cold: see read_table
-        read += size
-        groups = table[KEY_GROUP_COLUMN]
-        bounds = pc.min_max(groups)
-        if table.num_rows and not (
-            first <= bounds["min"].as_py() and bounds["max"].as_py() <= last
-        ):
-            # only files written before filtering existed hold rows outside their key groups
-            table = table.filter(
-                pc.and_(pc.greater_equal(groups, first), pc.less_equal(groups, last))
-            )
-        kept.append(table)
-    kept = [t for t in kept if t.num_rows]
-    if not kept:
-        return FilterResult(task.batch, {}, read)
-    table = pa.concat_tables(kept, promote_options="permissive")  # chunks side by side, no copy
-    groups = table[KEY_GROUP_COLUMN].to_numpy()
-    owners = operator_indexes(task.max_parallelism, task.parallelism, groups)
-    outputs: dict[int, tuple[str, int, int]] = {}
-    for subtask, rows in enumerate(np.bincount(owners, minlength=task.parallelism).tolist()):
-        if rows:
-            part = table.filter(pa.array(owners == subtask))  # a subtask's rows keep their order
-            name = f"s{subtask:04d}/{task.prefix}.arrow"
-            size = write_table(f"{task.channel_dir}/{name}", part)  # renamed into place
-            outputs[subtask] = (name, rows, size)
-    return FilterResult(task.batch, outputs, read)
+    with SplitOutputs(task) as outputs:
+        for path, (first, last) in task.files:
+            table, size = read_table(path, memory_map=False)  # read once, cold: see read_table
+            read += size
+            if not table.num_rows:
+                continue
+            groups = table[KEY_GROUP_COLUMN]
+            bounds = pc.min_max(groups)
+            if not (first <= bounds["min"].as_py() and bounds["max"].as_py() <= last):
+                # only files written before filtering existed hold rows outside their key groups
+                table = table.filter(
+                    pc.and_(pc.greater_equal(groups, first), pc.less_equal(groups, last))
+                )
+                groups = table[KEY_GROUP_COLUMN]
+            owners = operator_indexes(task.max_parallelism, task.parallelism, groups.to_numpy())
+            for subtask in np.unique(owners).tolist():
+                outputs.append(subtask, table.filter(pa.array(owners == subtask)))
+    return FilterResult(task.batch, outputs.written, read)
+
+
+class SplitOutputs:
+    """The segment files one filter task writes, one per new subtask that gets rows, each an
+    Arrow IPC stream opened at its first rows. On local disk rows go straight to a temporary
+    file, renamed into place when the task ends (a failed task leaves none); elsewhere a file
+    is put whole at the end (an object store has no appends)."""
+
+    def __init__(self, task: FilterTask) -> None:
+        self.task = task
+        self.local = local_path(task.channel_dir) is not None
+        self.open: dict[int, tuple[ipc.RecordBatchStreamWriter, pa.NativeFile, str, int]] = {}
+        self.written: dict[int, tuple[str, int, int]] = {}
+        """New subtask -> (segment file relative to the channel directory, rows, bytes)."""
+
+    def append(self, subtask: int, part: pa.Table) -> None:
+        if subtask not in self.open:
+            name = f"s{subtask:04d}/{self.task.prefix}.arrow"
+            target = f"{self.task.channel_dir}/{name}"
+            if self.local:
+                temporary = temporary_beside(target)
+                sink: pa.NativeFile = pa.OSFile(temporary, "wb")
+            else:
+                temporary, sink = target, pa.BufferOutputStream()
+            self.open[subtask] = (ipc.new_stream(sink, part.schema), sink, temporary, 0)
+        writer, sink, temporary, rows = self.open[subtask]
+        writer.write_table(part)
+        self.open[subtask] = (writer, sink, temporary, rows + part.num_rows)
+
+    def __enter__(self) -> SplitOutputs:
+        return self
+
+    def __exit__(self, failed: type[BaseException] | None, *_: object) -> None:
+        for subtask, (writer, sink, temporary, rows) in sorted(self.open.items()):
+            name = f"s{subtask:04d}/{self.task.prefix}.arrow"
+            target = f"{self.task.channel_dir}/{name}"
+            if failed is None:
+                writer.close()
+            if self.local:
+                size = int(sink.tell())
+                sink.close()
+                if failed is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(temporary)
+                    continue
+                os.replace(temporary, target)
+            elif failed is None:
+                data = sink.getvalue()
+                write_file(target, memoryview(data))
+                size = int(data.size)
+            if failed is None:
+                self.written[subtask] = (name, rows, size)
 
 
 # --- driver side ------------------------------------------------------------------------------------
@@ -164,7 +222,8 @@ class ChannelRecovery:
     restored_through: dict[int, int] = field(default_factory=dict)
     """Per channel, the sequence of its last restored segment (the recovery without
     during-recovery ends once the channels have processed past it)."""
-    future: Future[list[FilterResult]] | None = None
+    futures: list[Future[list[FilterResult]]] = field(default_factory=list)
+    """Filter jobs in flight."""
     spilled: int = 0
     """Filtered segments that could not enter their channel at once (P2)."""
     filtered_rows: int = 0
@@ -182,8 +241,9 @@ class ChannelRecovery:
         """Queues (or, with during-recovery, lines up for splitting) each subtask's share. A file
         within one subtask's key groups is that subtask's as it is (no rescale, or an earlier
         rescale already split it); the others are split, ``batch_bytes`` of them per filter
-        task at most (at least one file; the agent passes its channel capacity when that is
-        smaller, so a filtered segment fits a channel)."""
+        task at most (the first batch `FIRST_BATCH_BYTES` at most; at least one file; the agent
+        passes its channel capacity when that is smaller, so a filtered segment fits a
+        channel)."""
         recovery = cls(checkpoint_id, during_recovery)
         batch_of: dict[tuple[int, int], Batch] = {}
         restored = {(f.old_subtask, f.order): f for files in shares.values() for f in files}
@@ -195,7 +255,10 @@ class ChannelRecovery:
             if not during_recovery or (within_one and state_file.exact):
                 batch = None  # queued as it is: a batch never spans it, so each subtask's share
                 continue  # of a batch stays one run in its restored order
-            if batch is None or batch.size + state_file.size > batch_bytes:
+            limit = (
+                batch_bytes if len(recovery.batches) > 1 else min(batch_bytes, FIRST_BATCH_BYTES)
+            )
+            if batch is None or batch.size + state_file.size > limit:
                 batch = Batch(len(recovery.batches) + 1)
                 recovery.batches.append(batch)
             batch.files.append(state_file)
@@ -336,12 +399,12 @@ class ChannelRecovery:
         self, channels: list[Channel], channel_dir: str, max_parallelism: int,
         submit: Callable[[list[FilterTask]], Future[list[FilterResult]]],
     ) -> bool:  # fmt: skip
-        """Applies a finished filter job, admits what has room, submits the next filter job.
-        True when anything changed."""
+        """Applies finished filter jobs, admits what has room, and at the start submits the
+        filter jobs. True when anything changed."""
         changed = False
-        if self.future is not None and self.future.done():
-            results, self.future = self.future.result(), None  # a failure fails the job here
-            for result in results:
+        for future in [f for f in self.futures if f.done()]:
+            self.futures.remove(future)
+            for result in future.result():  # a failure fails the job here
                 self._split(result, channels)
             changed = True
             if not self.batches:
@@ -353,14 +416,15 @@ class ChannelRecovery:
                 )  # fmt: skip
             crash_point("during-recovery")
         changed |= self.admit(channels)
-        if self.future is None and self.batches:
-            # the first job splits each subtask's first batch, so processing starts early; the
-            # next one all the rest (one Spark job's fixed cost, not one per batch)
-            first = self.filter_started is None
-            tasks = self.next_filters(channel_dir, max_parallelism, len(channels), first)
-            if self.filter_started is None:
-                self.filter_started = time.monotonic()
-            self.future = submit(tasks)
+        if self.filter_started is None and self.batches:
+            # two jobs at once: the first splits each subtask's first batch, so processing
+            # starts early; the second all the rest (one Spark job's fixed cost, not one per
+            # batch), on the cores the first leaves, not after it
+            self.filter_started = time.monotonic()
+            for first in (True, False):
+                tasks = self.next_filters(channel_dir, max_parallelism, len(channels), first)
+                if tasks:
+                    self.futures.append(submit(tasks))
             changed = True
         return changed
 

@@ -133,6 +133,10 @@ RESET_WAIT_S = 1.0
 dropped) before cancelling them: a cancelled Spark task takes its Python worker with it, and
 the restarted job's first round would pay ~1.3 s here for new workers."""
 
+FILTER_ORDER_WAIT_S = 5.0
+"""How long a filter job waits for the one submitted before it to reach Spark (building and
+shipping a job takes milliseconds; the wait only orders them)."""
+
 MAX_STACKTRACE = 64 * 1024
 """The end of a failure's traceback that travels with RESTARTING and FAILED (the cause is last)."""
 
@@ -249,6 +253,9 @@ class Agent(SubtaskCheckpointing):
         self.restoring = ChannelRecovery()
         """Restored channel state on its way into the channels (`recovery`), per attempt."""
         self.stage1 = ThreadPoolExecutor(1, thread_name_prefix="stage-1")
+        self.filters = ThreadPoolExecutor(2, thread_name_prefix="filter")
+        """The filter jobs of restored channel state, submitted together (`recovery`)."""
+        self._filter_submitted: threading.Event | None = None
         self._fetching: Future[list[FetchResult]] | None = None
         self.stage2 = ThreadPoolExecutor(1, thread_name_prefix="stage-2")
         self._processing: Future[list[ProcessResult]] | None = None
@@ -436,11 +443,12 @@ class Agent(SubtaskCheckpointing):
 
     def _close(self) -> None:
         self.membership.stop_heartbeats()
-        if self.restoring.future is not None and self.spark is not None:
+        if self.restoring.futures and self.spark is not None:
             with contextlib.suppress(Exception):  # a split of restored channel state: redone
                 self.traffic.cancel_open(self.spark.sparkContext)  # by the next restore
         self.stage1.shutdown(wait=True)
         self.stage2.shutdown(wait=True)
+        self.filters.shutdown(wait=True)
         self.copier.shutdown(wait=True)
         self.committer.close()
         self.sink.close()
@@ -468,8 +476,8 @@ class Agent(SubtaskCheckpointing):
         """After a failure: completed epochs made visible where possible (the restore publishes
         the rest), a sink that may have failed renewed, sources and channels let go."""
         in_flight: list[Future[Any]] = [
-            f for f in (self._fetching, self._processing, self.restoring.future) if f is not None
-        ]
+            f for f in (self._fetching, self._processing) if f is not None
+        ] + self.restoring.futures
         _, unfinished = wait(in_flight, RESET_WAIT_S)
         if unfinished and self.spark is not None:  # read and processed again after the restore
             with contextlib.suppress(Exception):
@@ -607,20 +615,32 @@ class Agent(SubtaskCheckpointing):
 
     def _recover_channels(self) -> bool:
         """Filter jobs and admission of restored channel state (`recovery`)."""
-        if not self.restoring.waiting and self.restoring.future is None:
+        if not self.restoring.waiting and not self.restoring.futures:
             return False
         return self.restoring.step(
-            self.channels,
-            self.channel_dir,
-            self.max_parallelism,
-            lambda t: self.stage1.submit(self._run_filter, t),
+            self.channels, self.channel_dir, self.max_parallelism, self._submit_filter
         )
 
-    def _run_filter(self, tasks: list[FilterTask]) -> list[FilterResult]:
-        sc = self._spark().sparkContext
-        sc.setLocalProperty("spark.scheduler.pool", "recovery")  # shares the cores with stage 2
-        self.traffic.start_job(sc, f"{self.job_id} filter restored channel state", tasks)
-        return sc.parallelize(tasks, len(tasks)).map(filter_restored).collect()  # type: ignore[no-any-return]
+    def _submit_filter(self, tasks: list[FilterTask]) -> Future[list[FilterResult]]:
+        """Runs a filter job on a thread of its own; jobs reach Spark in the order submitted
+        (the recovery pool is FIFO: the first job's tasks take the first free core)."""
+        after, submitted = self._filter_submitted, threading.Event()
+        self._filter_submitted = submitted
+        return self.filters.submit(self._run_filter, tasks, after, submitted)
+
+    def _run_filter(
+        self, tasks: list[FilterTask], after: threading.Event | None, submitted: threading.Event
+    ) -> list[FilterResult]:
+        if after is not None:
+            after.wait(FILTER_ORDER_WAIT_S)
+        try:
+            sc = self._spark().sparkContext
+            sc.setLocalProperty("spark.scheduler.pool", "recovery")  # shares cores with stage 2
+            self.traffic.start_job(sc, f"{self.job_id} filter restored channel state", tasks)
+            job = sc.parallelize(tasks, len(tasks)).map(filter_restored)
+        finally:
+            submitted.set()  # the next job is built meanwhile: this one is submitted first
+        return job.collect()  # type: ignore[no-any-return]
 
     def _run_sink(self, work: Callable[[Any], int], tasks: list[Any]) -> list[int]:
         """Makes staged sink output visible from executors (`SinkRunner`): a Spark job in the
@@ -794,7 +814,7 @@ class Agent(SubtaskCheckpointing):
             busy |= self._start_process()
             self._start_fetch()
             self._snapshot_due()
-            stages = [self._fetching, self._processing, self.restoring.future]
+            stages = [self._fetching, self._processing, *self.restoring.futures]
             self._await_copies([f for f in stages if f is not None])
             self._send_acks()
             self.backend.collect_garbage()
@@ -809,8 +829,10 @@ class Agent(SubtaskCheckpointing):
                 busy = True
             if self.on_round is not None:
                 self.on_round(self)
-            in_flight = any(
-                f is not None for f in (self._fetching, self._processing, self.restoring.future)
+            in_flight = (
+                self._fetching is not None
+                or self._processing is not None
+                or bool(self.restoring.futures)
             )
             if not busy and self._read_control(IN_FLIGHT_WAIT_S if in_flight else IDLE_WAIT_S):
                 return

@@ -287,3 +287,54 @@ def test_a_file_of_an_older_snapshot_is_split_even_within_one_subtasks_key_group
     assert len(held) == int((original[KEY_GROUP_COLUMN] <= 63).sum())
     assert held[KEY_GROUP_COLUMN].between(0, 63).all()
     assert all(f.exact for f in files), "persisted again as exact"
+
+
+def test_the_filter_jobs_go_to_spark_together_and_may_finish_in_any_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first job splits each subtask's first batch (small, so processing starts early), the
+    second every other batch; both are submitted at once, so the second runs on the cores the
+    first leaves instead of after it. Whichever finishes first, each subtask's segments enter
+    in the restored order."""
+    segments, files = restored_files(tmp_path / "run0")
+    monkeypatch.setattr("services.agent.recovery.FIRST_BATCH_BYTES", segments[0].size)
+    channels, recovery = restore(files, 2, tmp_path / "run1")
+    submitted: list[tuple[list[FilterTask], Future[list[FilterResult]]]] = []
+
+    def hold(tasks: list[FilterTask]) -> Future[list[FilterResult]]:
+        submitted.append((tasks, Future()))
+        return submitted[-1][1]
+
+    recovery.step(channels, str(tmp_path / "run1"), MAX_PARALLELISM, hold)
+    assert [[len(t.files) for t in tasks] for tasks, _ in submitted] == [[1], [SEGMENTS - 1]]
+    assert recovery.not_ready(channels) is not None, "declined until both are split"
+
+    for tasks, future in reversed(submitted):  # the big second job finishes first
+        future.set_result([filter_restored(task) for task in tasks])
+        recovery.step(channels, str(tmp_path / "run1"), MAX_PARALLELISM, hold)
+    assert len(submitted) == 2, "nothing submitted again"
+    assert recovery.not_ready(channels) is None and not recovery.holds_input()
+    for i, channel in enumerate(channels):
+        held = pd.concat([from_ipc(str(tmp_path / "run1" / s.path)) for s in channel.segments])
+        mine = rows(files).query(f"{KEY_GROUP_COLUMN}.between({i * 64}, {i * 64 + 63})")
+        assert held["amount"].tolist() == mine["amount"].tolist(), "the restored order"
+
+
+def test_a_failed_filter_task_leaves_no_segment_file_behind(tmp_path: Path) -> None:
+    """A task writes each new subtask's rows as it reads the restored files: when one is missing
+    (the task fails, and the job with it), nothing it began is left under the channels."""
+    segments, files = restored_files(tmp_path / "run0")
+    channel_dir = tmp_path / "run1"
+    task = FilterTask(
+        1, [(files[0].path, (0, 127)), (str(tmp_path / "gone.arrow"), (0, 127))],
+        MAX_PARALLELISM, 2, str(channel_dir), "r1",
+    )  # fmt: skip
+    with pytest.raises(FileNotFoundError):
+        filter_restored(task)
+    assert [p for p in channel_dir.rglob("*") if p.is_file()] == []
+
+    result = filter_restored(
+        FilterTask(1, task.files[:1], MAX_PARALLELISM, 2, str(channel_dir), "r1")
+    )
+    assert sum(rows for _, rows, _ in result.outputs.values()) == segments[0].rows
+    assert sorted(p.name for p in channel_dir.rglob("*") if p.is_file()) == ["r1.arrow"] * 2
