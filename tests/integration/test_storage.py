@@ -22,6 +22,17 @@ def test_atomic_write_leaves_only_the_file(storage: Storage, tmp_path: Path) -> 
     assert storage.read(str(target)) == b"metadata"
 
 
+def test_a_write_that_fails_leaves_no_temporary_file(storage: Storage, tmp_path: Path) -> None:
+    """The rename fails (a directory holds the name): the error reaches the caller, and the
+    hidden file written beside the target is gone."""
+    target = tmp_path / "checkpoints" / "job" / "chk-2" / "_metadata"
+    (target / "taken").mkdir(parents=True)
+    with pytest.raises(OSError):
+        storage.write_atomic(str(target), b"metadata")
+    assert [p.name for p in target.parent.iterdir()] == ["_metadata"]
+    assert [p.name for p in target.iterdir()] == ["taken"]
+
+
 @pytest.mark.parametrize(
     "escape",
     [
