@@ -63,9 +63,11 @@ from services.common.keygroups import KeyGroupRange, operator_indexes
 log = logging.getLogger(__name__)
 
 FILTER_BATCH_BYTES = 256 * 1024 * 1024
-"""Restored bytes one filter task reads at most: its output is one segment file per new
-subtask. A task holds one restored file at a time, and its output too where the channel
-storage is not local (`SplitOutputs`)."""
+"""Restored bytes one filter task reads at most on local channel storage: its output is one
+segment file per new subtask, and it holds one restored file at a time (`SplitOutputs`)."""
+
+HELD_BATCH_BYTES = 64 * 1024 * 1024
+"""The same where the channel storage is not local: a task holds its output until it puts it."""
 
 FIRST_BATCH_BYTES = 64 * 1024 * 1024
 """Restored bytes the first batch holds at most: its split is the first filter job, so the
@@ -155,25 +157,27 @@ class SplitOutputs:
         return self
 
     def __exit__(self, failed: type[BaseException] | None, *_: object) -> None:
-        for subtask, (writer, sink, temporary, rows) in sorted(self.open.items()):
-            name = f"s{subtask:04d}/{self.task.prefix}.arrow"
-            target = f"{self.task.channel_dir}/{name}"
+        try:
             if failed is None:
-                writer.close()
-            if self.local:
-                size = int(sink.tell())
-                sink.close()
-                if failed is not None:
+                for subtask, (writer, sink, temporary, rows) in sorted(self.open.items()):
+                    writer.close()
+                    name = f"s{subtask:04d}/{self.task.prefix}.arrow"
+                    target = f"{self.task.channel_dir}/{name}"
+                    if self.local:
+                        size = int(sink.tell())
+                        sink.close()
+                        os.replace(temporary, target)
+                    else:
+                        data = sink.getvalue()
+                        write_file(target, memoryview(data))
+                        size = int(data.size)
+                    self.written[subtask] = (name, rows, size)
+        finally:
+            for _writer, sink, temporary, _rows in self.open.values():  # what a failure left
+                if self.local and not sink.closed:
+                    sink.close()
                     with contextlib.suppress(OSError):
                         os.unlink(temporary)
-                    continue
-                os.replace(temporary, target)
-            elif failed is None:
-                data = sink.getvalue()
-                write_file(target, memoryview(data))
-                size = int(data.size)
-            if failed is None:
-                self.written[subtask] = (name, rows, size)
 
 
 # --- driver side ------------------------------------------------------------------------------------

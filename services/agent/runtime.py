@@ -48,6 +48,7 @@ from services.agent.job import FileSink, FileSource, Job, KafkaSink, KafkaSource
 from services.agent.membership import Membership, RegistrationRefused, Superseded
 from services.agent.recovery import (
     FILTER_BATCH_BYTES,
+    HELD_BATCH_BYTES,
     ChannelRecovery,
     FilterResult,
     FilterTask,
@@ -82,6 +83,7 @@ from services.agent.state import (
     Version,
     delete_files,
     job_dirs,
+    local_path,
     working_path,
 )
 from services.agent.traffic import DriverTraffic
@@ -488,6 +490,7 @@ class Agent(SubtaskCheckpointing):
         self._fetching = self._processing = None
         self._round = None
         self.restoring = ChannelRecovery()
+        self._filter_submitted = None
         remove_tree(self.channel_dir)
         try:
             self.committer.drain()
@@ -604,7 +607,10 @@ class Agent(SubtaskCheckpointing):
         self.restoring = ChannelRecovery.adopt(
             restored.checkpoint_id, shares, self.ranges, self.channels, self.channel_dir,
             self.config.unaligned_during_recovery,
-            min(FILTER_BATCH_BYTES, self.options.capacity_bytes),
+            min(
+                FILTER_BATCH_BYTES if local_path(self.channel_dir) is not None else HELD_BATCH_BYTES,
+                self.options.capacity_bytes,
+            ),
         )  # fmt: skip
         log.info(
             "job %s: %d segments of channel state queued ahead of new input%s",

@@ -338,3 +338,27 @@ def test_a_failed_filter_task_leaves_no_segment_file_behind(tmp_path: Path) -> N
     )
     assert sum(rows for _, rows, _ in result.outputs.values()) == segments[0].rows
     assert sorted(p.name for p in channel_dir.rglob("*") if p.is_file()) == ["r1.arrow"] * 2
+
+
+def test_a_filter_task_puts_its_outputs_whole_where_the_channels_are_not_local(
+    tmp_path: Path,
+) -> None:
+    """Channel storage that is not a local path (fsspec's memory file system here, as an object
+    store would be): each new subtask's output is put whole when the task ends."""
+    from services.agent.state import read_table
+
+    segments, files = restored_files(tmp_path / "run0")
+    channel_dir = f"memory://filter-{tmp_path.name}"
+    task = FilterTask(
+        1, [(f.path, (0, 127)) for f in files[:2]], MAX_PARALLELISM, 2, channel_dir, "r1"
+    )
+    result = filter_restored(task)
+    assert sorted(result.outputs) == [0, 1]
+    held = 0
+    for subtask, (name, rows, size) in result.outputs.items():
+        table, read = read_table(f"{channel_dir}/{name}")
+        groups = table[KEY_GROUP_COLUMN].to_pylist()
+        assert table.num_rows == rows and read == size
+        assert all(g // 64 == subtask for g in groups), "only the subtask's key groups"
+        held += rows
+    assert held == segments[0].rows + segments[1].rows
