@@ -54,6 +54,12 @@ readers (the embedded one), a record is committed exactly when a marker carries 
 TRANSACTION_TIMEOUT_S = 120.0
 """How long one epoch's commit may take (a million records take a few seconds here)."""
 
+QUEUE_MESSAGES = 1_000_000
+"""Records a sink task's producer queues at most (librdkafka's default is 100,000; its byte cap,
+1 GB by default, still applies). An epoch often holds more records than the default. Measured on
+the embedded broker, 200,000 records with the transaction header: with the default the queue
+filled 8 times and the process spent 4.8 µs of CPU a record; with this, 1.8."""
+
 
 # --- executor side ----------------------------------------------------------------------------------
 
@@ -166,6 +172,7 @@ def _producer(
         bootstrap, client_id=f"sparkpoint-sink-{job_id}", transactional_id=transactional_id
     )
     config["linger.ms"] = 5
+    config["queue.buffering.max.messages"] = QUEUE_MESSAGES
     config |= {k: v for k, v in sink.properties.items() if k != "transactional.id"}
     if transactional_id is None:
         return Producer(config)
