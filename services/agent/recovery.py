@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -51,13 +52,7 @@ from services.agent.channel_state import ChannelStateFile
 from services.agent.channels import Channel, Segment
 from services.agent.faults import crash_point
 from services.agent.stages import KEY_GROUP_COLUMN
-from services.agent.state import (
-    link_or_copy,
-    local_path,
-    read_table,
-    temporary_beside,
-    write_file,
-)
+from services.agent.state import into_place, link_or_copy, local_path, read_table, write_file
 from services.common.keygroups import KeyGroupRange, operator_indexes
 
 log = logging.getLogger(__name__)
@@ -129,55 +124,51 @@ def filter_restored(task: FilterTask) -> FilterResult:
 class SplitOutputs:
     """The segment files one filter task writes, one per new subtask that gets rows, each an
     Arrow IPC stream opened at its first rows. On local disk rows go straight to a temporary
-    file, renamed into place when the task ends (a failed task leaves none); elsewhere a file
-    is put whole at the end (an object store has no appends)."""
+    file that `into_place` renames when the task ends (a failed task leaves none); elsewhere a
+    stream is put whole at the end (an object store has no appends)."""
 
     def __init__(self, task: FilterTask) -> None:
         self.task = task
         self.local = local_path(task.channel_dir) is not None
-        self.open: dict[int, tuple[ipc.RecordBatchStreamWriter, pa.NativeFile, str, int]] = {}
+        self.files = contextlib.ExitStack()
+        self.streams: dict[int, tuple[ipc.RecordBatchStreamWriter, pa.BufferOutputStream | None]]
+        self.streams = {}
+        self.rows: dict[int, int] = {}
         self.written: dict[int, tuple[str, int, int]] = {}
         """New subtask -> (segment file relative to the channel directory, rows, bytes)."""
 
+    def name(self, subtask: int) -> str:
+        return f"s{subtask:04d}/{self.task.prefix}.arrow"
+
     def append(self, subtask: int, part: pa.Table) -> None:
-        if subtask not in self.open:
-            name = f"s{subtask:04d}/{self.task.prefix}.arrow"
-            target = f"{self.task.channel_dir}/{name}"
-            if self.local:
-                temporary = temporary_beside(target)
-                sink: pa.NativeFile = pa.OSFile(temporary, "wb")
+        if subtask not in self.streams:
+            target = f"{self.task.channel_dir}/{self.name(subtask)}"
+            buffer = None
+            if self.local:  # closed in reverse: the stream, the file, then renamed into place
+                temporary = self.files.enter_context(into_place(target))
+                sink: pa.NativeFile = self.files.enter_context(pa.OSFile(temporary, "wb"))
             else:
-                temporary, sink = target, pa.BufferOutputStream()
-            self.open[subtask] = (ipc.new_stream(sink, part.schema), sink, temporary, 0)
-        writer, sink, temporary, rows = self.open[subtask]
-        writer.write_table(part)
-        self.open[subtask] = (writer, sink, temporary, rows + part.num_rows)
+                sink = buffer = pa.BufferOutputStream()
+            writer = self.files.enter_context(ipc.new_stream(sink, part.schema))
+            self.streams[subtask], self.rows[subtask] = (writer, buffer), 0
+        self.streams[subtask][0].write_table(part)
+        self.rows[subtask] += part.num_rows
 
     def __enter__(self) -> SplitOutputs:
+        self.files.__enter__()
         return self
 
-    def __exit__(self, failed: type[BaseException] | None, *_: object) -> None:
-        try:
-            if failed is None:
-                for subtask, (writer, sink, temporary, rows) in sorted(self.open.items()):
-                    writer.close()
-                    name = f"s{subtask:04d}/{self.task.prefix}.arrow"
-                    target = f"{self.task.channel_dir}/{name}"
-                    if self.local:
-                        size = int(sink.tell())
-                        sink.close()
-                        os.replace(temporary, target)
-                    else:
-                        data = sink.getvalue()
-                        write_file(target, memoryview(data))
-                        size = int(data.size)
-                    self.written[subtask] = (name, rows, size)
-        finally:
-            for _writer, sink, temporary, _rows in self.open.values():  # what a failure left
-                if self.local and not sink.closed:
-                    sink.close()
-                    with contextlib.suppress(OSError):
-                        os.unlink(temporary)
+    def __exit__(self, *failure: Any) -> None:
+        self.files.__exit__(*failure)  # a failure propagates from here, its temporaries removed
+        for subtask, (_, buffer) in sorted(self.streams.items()):
+            target = f"{self.task.channel_dir}/{self.name(subtask)}"
+            if buffer is None:
+                size = os.path.getsize(local_path(target) or target)
+            else:
+                data = buffer.getvalue()
+                write_file(target, memoryview(data))
+                size = int(data.size)
+            self.written[subtask] = (self.name(subtask), self.rows[subtask], size)
 
 
 # --- driver side ------------------------------------------------------------------------------------

@@ -141,19 +141,6 @@ def write_file(path: str, data: bytes | memoryview) -> None:
 def into_place(local: str) -> Iterator[str]:
     """A temporary name beside ``local`` to write to; renamed to ``local`` when the block ends,
     removed if it fails."""
-    temporary = temporary_beside(local)
-    try:
-        yield temporary
-        os.replace(temporary, local)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
-def temporary_beside(local: str) -> str:
-    """A new, empty file beside the local path ``local`` (its directory made if missing), to
-    be written and renamed to ``local``."""
     temporary = f"{local}.{uuid.uuid4().hex[:12]}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
@@ -161,7 +148,13 @@ def temporary_beside(local: str) -> str:
     except FileNotFoundError:
         os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
         os.close(os.open(temporary, flags, 0o666))
-    return temporary
+    try:
+        yield temporary
+        os.replace(temporary, local)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def write_table(path: str, table: pa.Table) -> int:
