@@ -159,7 +159,9 @@ class SplitOutputs:
         return self
 
     def __exit__(self, *failure: Any) -> None:
-        self.files.__exit__(*failure)  # a failure propagates from here, its temporaries removed
+        self.files.__exit__(*failure)  # on a failure its temporaries are removed
+        if failure[0] is not None:
+            return  # the failure propagates; nothing is put
         for subtask, (_, buffer) in sorted(self.streams.items()):
             target = f"{self.task.channel_dir}/{self.name(subtask)}"
             if buffer is None:

@@ -9,6 +9,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from services.agent import channel_state
@@ -362,3 +363,30 @@ def test_a_filter_task_puts_its_outputs_whole_where_the_channels_are_not_local(
         assert all(g // 64 == subtask for g in groups), "only the subtask's key groups"
         held += rows
     assert held == segments[0].rows + segments[1].rows
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_a_filter_task_that_fails_reports_its_own_error_and_puts_nothing(
+    tmp_path: Path, local: bool
+) -> None:
+    """The second restored file is not an Arrow stream: the task's error is the reader's, and
+    neither a local channel directory nor a remote one gets any output."""
+    _segments, files = restored_files(tmp_path / "run0")
+    broken = tmp_path / "broken.arrow"
+    broken.write_bytes(b"not an arrow stream")
+    channel_dir = str(tmp_path / "run1") if local else f"memory://broken-{tmp_path.name}"
+    task = FilterTask(
+        1, [(files[0].path, (0, 127)), (str(broken), (0, 127))],
+        MAX_PARALLELISM, 2, channel_dir, "r1",
+    )  # fmt: skip
+    with pytest.raises(pa.ArrowInvalid):
+        filter_restored(task)
+    if local:
+        assert not (tmp_path / "run1").exists() or not any(
+            p.is_file() for p in (tmp_path / "run1").rglob("*")
+        )
+    else:
+        import fsspec
+
+        fs = fsspec.filesystem("memory")
+        assert not fs.exists(f"/broken-{tmp_path.name}")
