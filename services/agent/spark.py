@@ -1,7 +1,8 @@
 """The agent's Spark session: ``local[*]`` by default, any master with ``--master``, Spark settings
 passed through. Defaults are the quiet, fast settings measured on a 2-core machine (no UI, no
 console progress, 2 shuffle partitions, no adaptive execution, bound to loopback, a 2 GB
-driver, the FAIR scheduler for the overlapping stages, stage 2's pool first); a ``spark.*`` setting given by the caller replaces any of them.
+driver, the FAIR scheduler for the overlapping stages, stage 2's pool first); a ``spark.*`` setting given by the caller replaces any of them. The driver
+maps the class archive of class_archive.py when it exists (a session starts 6-7 s sooner).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+
+from services.agent.class_archive import archive_path, with_archive
 
 QUIET_DEFAULTS: dict[str, str] = {
     "spark.ui.enabled": "false",
@@ -31,12 +34,16 @@ POOLS = Path(__file__).with_name("spark_pools.xml")
 
 
 def spark_session(
-    app_name: str, master: str = "local[*]", settings: Mapping[str, str] | None = None
+    app_name: str,
+    master: str = "local[*]",
+    settings: Mapping[str, str] | None = None,
+    class_archive: bool = True,
 ) -> object:
     """A SparkSession (returned as ``object`` so importing this module does not import pyspark).
 
     Workers run this interpreter: ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` are set to it
-    unless already set, or executors would import another Python without sparkpoint."""
+    unless already set, or executors would import another Python without sparkpoint. The driver
+    maps the class archive ``make install`` built (class_archive.py), when there is one."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver binds to loopback anyway
@@ -44,6 +51,8 @@ def spark_session(
 
     builder = SparkSession.builder.appName(app_name).master(master)
     chosen = {**QUIET_DEFAULTS, **(settings or {})}
+    if class_archive:
+        chosen = with_archive(chosen, archive_path())
     # a URI: a bare path would resolve against the cluster's default file system (HDFS)
     chosen.setdefault("spark.scheduler.allocation.file", POOLS.resolve().as_uri())
     for key, value in chosen.items():

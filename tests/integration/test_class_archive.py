@@ -1,0 +1,64 @@
+"""The Spark driver's class archive (services/agent/class_archive.py): `make install` builds it,
+every session the agent starts maps it, and a caller's own driver Java options stay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.agent.class_archive import (
+    ARCHIVE_ENV,
+    DEFAULT_ARCHIVE,
+    DRIVER_JAVA_OPTIONS,
+    archive_path,
+    with_archive,
+)
+
+
+@pytest.mark.spark
+def test_the_drivers_jvm_maps_the_archive_make_install_built(spark: Any) -> None:
+    archive = archive_path()
+    assert archive is not None and archive.is_file(), f"no {archive}: `make install` builds it"
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    maps = Path(f"/proc/{runtime.getPid()}/maps").read_text()
+    assert str(archive) in maps, "the JVM refused the archive (another Java or Spark build?)"
+
+
+def test_a_callers_driver_java_options_come_first_and_stay(tmp_path: Path) -> None:
+    archive = tmp_path / "spark-driver.jsa"
+    archive.write_bytes(b"archive")
+    own = {DRIVER_JAVA_OPTIONS: "-Dmine=1", "spark.ui.enabled": "false"}
+
+    chosen = with_archive(own, archive)
+
+    assert chosen == {
+        DRIVER_JAVA_OPTIONS: f"-Dmine=1 -XX:SharedArchiveFile={archive}",
+        "spark.ui.enabled": "false",
+    }
+    assert own[DRIVER_JAVA_OPTIONS] == "-Dmine=1", "the caller's settings are not changed"
+    assert with_archive({}, archive) == {DRIVER_JAVA_OPTIONS: f"-XX:SharedArchiveFile={archive}"}
+
+
+def test_without_an_archive_file_the_settings_are_left_as_they_are(tmp_path: Path) -> None:
+    settings = {DRIVER_JAVA_OPTIONS: "-Dmine=1"}
+    assert with_archive(settings, tmp_path / "absent.jsa") == settings
+    assert with_archive(settings, None) == settings
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        (None, DEFAULT_ARCHIVE),
+        ("off", None),
+        ("OFF", None),
+        ("", None),
+        ("/a/b.jsa", Path("/a/b.jsa")),
+    ],
+)
+def test_the_environment_names_the_archive_or_turns_it_off(
+    value: str | None, path: Path | None
+) -> None:
+    environ = {} if value is None else {ARCHIVE_ENV: value}
+    assert archive_path(environ) == path
