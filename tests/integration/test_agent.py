@@ -353,14 +353,16 @@ def test_at_least_once_sinks_publish_every_record_without_transactions(
 # --- SIGKILL at scripted points, then restore -------------------------------------------------------
 
 
-# a mid-batch kill: the storage-URL test below (and every campaign of bench/chaos.py)
-@pytest.mark.parametrize("point", ["after-ack:2", "after-complete:2"])
+# kills after a completed checkpoint: the rescale test below; mid-batch: the S3 test of
+# test_beyond_one_machine.py; every kill point: the campaigns of bench/chaos.py (`make chaos`)
 def test_a_killed_agent_restored_from_latest_commits_exactly_the_reference(
-    coordinator: Running, payments_topic: str, expected: list[Output], point: str
+    coordinator: Running, payments_topic: str, expected: list[Output]
 ) -> None:
-    """Also: the restored run's checkpoint ids continue above every id the killed one used."""
+    """Killed once a checkpoint was acknowledged, before its completion reached the agent. Also:
+    the restored run's checkpoint ids continue above every id the killed one used."""
     name, output = unique("killed"), unique("stats")
     checkpoints = coordinator.root / "checkpoints" / name
+    point = "after-ack:2"
 
     first = agent_process(coordinator, name, payments_topic, output, crash_at=point)
     assert killed(first), f"expected SIGKILL at {point}:\n{first.stderr[-3000:]}"
@@ -373,34 +375,6 @@ def test_a_killed_agent_restored_from_latest_commits_exactly_the_reference(
     assert re.search(rf"restoring from {re.escape(str(checkpoints))}/chk-\d+\n", second.stderr)
     completed = [int(n) for n in re.findall(r"checkpoint (\d+) completed", second.stderr)]
     assert completed and min(completed) > used
-
-
-def test_segment_files_on_a_storage_url_through_a_kill_and_a_rescaled_restore(
-    coordinator: Running, payments_topic: str, expected: list[Output], tmp_path: Path
-) -> None:
-    """Channels on a URL (through fsspec, as on a cluster): killed mid-batch with segments in
-    flight, restored with parallelism 3, exact; the killed run's segments are cleaned up by the
-    next run, the next run's own at its end."""
-    name, output = unique("url-channels"), unique("stats")
-    channels = f"file://{tmp_path}/channels"
-
-    first = agent_process(
-        coordinator, name, payments_topic, output, "--channel-dir", channels,
-        crash_at="mid-batch:2", max_records=600,
-    )  # fmt: skip
-    assert killed(first), first.stderr[-3000:]
-    left = list((tmp_path / "channels").iterdir())
-    assert [p.name.startswith(f"{name}-agent-") for p in left] == [True]
-    assert any(left[0].rglob("*.arrow")), "the killed run had segments in flight"
-    second = agent_process(
-        coordinator, name, payments_topic, output,
-        "--restore", "latest", "--parallelism", "3", "--channel-dir", channels, max_records=600,
-    )  # fmt: skip
-    assert second.returncode == 0, second.stderr[-3000:]
-
-    got = read_output(coordinator.bootstrap, output)
-    assert got == expected, difference(got, expected)
-    assert list((tmp_path / "channels").iterdir()) == []
 
 
 def test_restores_with_parallelism_2_then_4_then_1_commit_exactly_the_reference(

@@ -150,6 +150,8 @@ def test_everything_on_s3_through_a_kill_and_a_rescaled_restore(
     stored = objects(f"{bucket}/checkpoints/{name}")
     assert any(p.endswith("/_metadata") for p in stored), "a completed checkpoint on S3"
     assert any("/taskowned/" in p for p in stored), "key-group state written by tasks to S3"
+    in_flight = [p for p in objects(channels) if f"/{name}-agent-" in p and p.endswith(".arrow")]
+    assert in_flight, "the killed run had segments in flight, left for the next run to clean up"
     second = finished(agent(coordinator, bucket, name, payments_topic, output, *common,
                             "--restore", "latest", "--parallelism", "3", sink="files"))  # fmt: skip
     assert second.returncode == 0, second.stderr[-3000:]
@@ -262,6 +264,7 @@ def test_a_rounds_files_are_in_flight_together_on_an_object_store(
     assert read_files([]) == {}
 
 
+@pytest.mark.chaos  # `make chaos`: 100-125 s of the suite's budget; bench/cluster.py runs the cluster
 def test_the_agent_on_a_standalone_cluster_through_a_lost_worker_and_a_sigkill(
     coordinator: Running, kafka: KafkaUnderTest, bucket: str
 ) -> None:
