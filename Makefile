@@ -4,6 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Spark's driver classes, parsed and verified once: an agent's session starts 4-7 s sooner
+# (services/agent/class_archive.py)
 ARCHIVE := $(VENV)/share/sparkpoint/spark-driver.jsa
 
 .PHONY: install run test lint typecheck unit bench peers chaos compat lock clean
@@ -75,8 +76,8 @@ compat: install $(COMPAT)/.installed
 	@command -v chromium > /dev/null || echo "no chromium on the PATH: the dashboard test will be skipped (apt-get install chromium)"
 	$(BIN)/pytest -p no:cacheprovider -rs tests/e2e/test_flink_tools.py tests/integration/test_flink_rest.py
 
-# Kill-point and bad-event campaigns (bench/chaos.py): long. First the small campaign of
-# tests/e2e/test_chaos.py, which `make test` leaves out (about 100 s of its 25-minute budget).
+# Kill-point and bad-event campaigns (bench/chaos.py): long. First the tests marked chaos, which
+# `make test` leaves out (about 100 s each of its 25-minute budget).
 chaos: install
 	$(BIN)/pytest -m chaos
 	$(BIN)/python bench/chaos.py --kill-points 100

@@ -24,7 +24,6 @@ the archive. A JVM that maps the old file keeps its mapping.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import subprocess
 import sys
@@ -42,9 +41,7 @@ DEFAULT_ARCHIVE = Path(sys.prefix) / "share" / "sparkpoint" / "spark-driver.jsa"
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 DUMP_TIMEOUT_S = 300.0
-"""How long the JVM may take to write the archive once it exits (about 10 s here, 150 MB)."""
-
-log = logging.getLogger(__name__)
+"""How long the JVM may take to write the archive once it exits (about 190 MB here)."""
 
 
 def archive_path(environ: Mapping[str, str] = os.environ) -> Path | None:
@@ -78,24 +75,23 @@ def build(archive: Path, master: str = "local[2]") -> int:
 
     archive.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.with_name(f".{archive.name}.{os.getpid()}.partial")
-    partial.unlink(missing_ok=True)
     settings = {DRIVER_JAVA_OPTIONS: f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds=off"}
-    session: Any = spark_session("sparkpoint-class-archive", master, settings, class_archive=False)
     try:
-        _warm_up(session)
-    finally:
-        session.stop()
-        gateway: Any = SparkContext._gateway  # the JVM's process is only here
-        process: subprocess.Popen[bytes] = gateway.proc
-        gateway.shutdown()
-        process.stdin.close()  # type: ignore[union-attr]  # the JVM exits at the end of its input
-        process.wait(DUMP_TIMEOUT_S)
-    try:
-        if process.returncode != 0 or partial.stat().st_size == 0:
+        session: Any = spark_session("sparkpoint-class-archive", master, settings, False)
+        try:
+            _warm_up(session)
+        finally:
+            session.stop()
+            gateway: Any = SparkContext._gateway  # the JVM's process is only here
+            process: subprocess.Popen[bytes] = gateway.proc
+            gateway.shutdown()
+            process.stdin.close()  # type: ignore[union-attr]  # the JVM exits at its input's end
+            process.wait(DUMP_TIMEOUT_S)
+        if process.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
             raise RuntimeError(f"the Spark JVM exited with {process.returncode} and no archive")
         os.replace(partial, archive)
     finally:
-        partial.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)  # whatever failed: a dump, whole or not, is not kept
     return archive.stat().st_size
 
 

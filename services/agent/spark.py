@@ -1,8 +1,9 @@
 """The agent's Spark session: ``local[*]`` by default, any master with ``--master``, Spark settings
 passed through. Defaults are the quiet, fast settings measured on a 2-core machine (no UI, no
 console progress, 2 shuffle partitions, no adaptive execution, bound to loopback, a 2 GB
-driver, the FAIR scheduler for the overlapping stages, stage 2's pool first); a ``spark.*`` setting given by the caller replaces any of them. The driver
-maps the class archive of class_archive.py when it exists (a session starts 6-7 s sooner).
+driver, the FAIR scheduler for the overlapping stages, stage 2's pool first); a ``spark.*``
+setting given by the caller replaces any of them. The driver maps the class archive of
+class_archive.py when it exists (a session gets to its first results 4-7 s sooner).
 """
 
 from __future__ import annotations
