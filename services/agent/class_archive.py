@@ -17,8 +17,9 @@ once more brings them back. ``SPARKPOINT_SPARK_CLASS_ARCHIVE`` names another fil
 Only the driver uses it: executors on a cluster run another class path on other machines.
 
 An archive cut short crashes the JVM that maps it (SIGBUS, measured), so it is never written in
-place: the JVM dumps into a temporary file at its exit, and only a complete dump is renamed over
-the archive. A JVM that maps the old file keeps its mapping.
+place: the JVM dumps into a temporary file at its exit, a Spark session in a process of its own
+maps that file and runs a job (``verify``), and only then is it renamed over the archive. A JVM
+that maps the old file keeps its mapping.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ DEFAULT_ARCHIVE = Path(sys.prefix) / "share" / "sparkpoint" / "spark-driver.jsa"
 """Beside the environment that holds pyspark: its jars are the class path the archive matches."""
 
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+
+ROOT = Path(__file__).resolve().parents[2]
+"""Where ``services`` is, for the process ``verify`` starts."""
 
 DUMP_TIMEOUT_S = 300.0
 """How long the JVM may take to write the archive once it exits (about 190 MB here)."""
@@ -68,7 +72,8 @@ def with_archive(settings: Mapping[str, str], archive: Path | None) -> dict[str,
 def build(archive: Path, master: str = "local[2]") -> int:
     """Starts a Spark session that dumps its classes at exit, runs the kinds of work an agent
     runs (RDD jobs with Python workers, Arrow to and from pandas, SQL, Parquet), stops the JVM,
-    waits for its dump and puts it in place. Returns the archive's size in bytes."""
+    waits for its dump, checks it with ``verify`` and puts it in place. Returns the archive's
+    size in bytes."""
     from pyspark import SparkContext
 
     from services.agent.spark import spark_session
@@ -89,10 +94,46 @@ def build(archive: Path, master: str = "local[2]") -> int:
             process.wait(DUMP_TIMEOUT_S)
         if process.returncode != 0 or not partial.is_file() or partial.stat().st_size == 0:
             raise RuntimeError(f"the Spark JVM exited with {process.returncode} and no archive")
+        verify(partial, master)
         os.replace(partial, archive)
     finally:
         partial.unlink(missing_ok=True)  # whatever failed: a dump, whole or not, is not kept
     return archive.stat().st_size
+
+
+VERIFY = """
+import sys
+from pathlib import Path
+from services.agent.spark import spark_session
+session = spark_session("sparkpoint-class-archive-check", sys.argv[1])
+session.sparkContext.parallelize(range(4), 2).map(lambda x: x + 1).collect()
+pid = session.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getPid()
+maps = Path(f"/proc/{pid}/maps")
+print("mapped" if not maps.exists() or sys.argv[2] in maps.read_text() else "refused")
+"""
+"""Run in a process of its own: a JVM maps one archive, when it starts."""
+
+VERIFY_TIMEOUT_S = 300.0
+
+
+def verify(archive: Path, master: str = "local[2]") -> None:
+    """Starts a Spark session that maps ``archive`` in a process of its own and runs a job: an
+    archive that crashes the JVM (one cut short does) or that the JVM refuses (another Java build
+    or class path) raises, so that it is never put where agents would map it."""
+    env = dict(os.environ, **{ARCHIVE_ENV: str(archive)})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory() as directory:  # where a crashed JVM leaves its report
+        result = subprocess.run(
+            [sys.executable, "-c", VERIFY, master, str(archive)],
+            cwd=directory, env=env, capture_output=True, text=True, timeout=VERIFY_TIMEOUT_S,
+            check=False,
+        )  # fmt: skip
+    answer = result.stdout.strip().splitlines()[-1:] if result.returncode == 0 else []
+    if answer == ["refused"]:
+        raise RuntimeError(f"the JVM does not map {archive}: another Java build or class path")
+    if answer != ["mapped"]:
+        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"a Spark session with {archive} failed ({detail})")
 
 
 def _warm_up(session: Any) -> None:

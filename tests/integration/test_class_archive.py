@@ -13,6 +13,7 @@ from services.agent.class_archive import (
     DEFAULT_ARCHIVE,
     DRIVER_JAVA_OPTIONS,
     archive_path,
+    verify,
     with_archive,
 )
 
@@ -62,3 +63,17 @@ def test_the_environment_names_the_archive_or_turns_it_off(
 ) -> None:
     environ = {} if value is None else {ARCHIVE_ENV: value}
     assert archive_path(environ) == path
+
+
+@pytest.mark.spark
+def test_an_archive_cut_short_is_refused_before_agents_could_map_it(tmp_path: Path) -> None:
+    """Mapping a truncated archive crashes the JVM (SIGBUS): ``build`` verifies its dump in a
+    session of its own before putting it in place."""
+    installed = archive_path()
+    assert installed is not None and installed.is_file(), "`make install` builds it"
+    cut = tmp_path / "cut.jsa"
+    with installed.open("rb") as source:
+        cut.write_bytes(source.read(1_000_000))
+
+    with pytest.raises(RuntimeError, match=r"a Spark session with .*cut\.jsa failed"):
+        verify(cut)
