@@ -13,6 +13,8 @@ services.agent.class_archive``); every Spark session the agent starts maps it wh
 there. The JVM checks that the archive matches its own build and class path and runs without it
 otherwise (a newer Java, other Spark jars): that only costs the seconds again, and building it
 once more brings them back. ``SPARKPOINT_SPARK_CLASS_ARCHIVE`` names another file, or ``off``.
+A driver that does not start with the archive (one damaged since, see below) starts again
+without it, with a warning (``spark.spark_session``).
 
 Only the driver uses it: executors on a cluster run another class path on other machines.
 
@@ -104,14 +106,17 @@ def build(archive: Path, master: str = "local[2]") -> int:
 VERIFY = """
 import sys
 from pathlib import Path
-from services.agent.spark import spark_session
-session = spark_session("sparkpoint-class-archive-check", sys.argv[1])
+from services.agent.class_archive import with_archive
+from services.agent.spark import QUIET_DEFAULTS, start_session
+settings = with_archive(QUIET_DEFAULTS, Path(sys.argv[2]))
+session = start_session("sparkpoint-class-archive-check", sys.argv[1], settings)
 session.sparkContext.parallelize(range(4), 2).map(lambda x: x + 1).collect()
 pid = session.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getPid()
 maps = Path(f"/proc/{pid}/maps")
 print("mapped" if not maps.exists() or sys.argv[2] in maps.read_text() else "refused")
 """
-"""Run in a process of its own: a JVM maps one archive, when it starts."""
+"""Run in a process of its own (a JVM maps one archive, when it starts), with no second try
+without the archive as ``spark_session`` makes."""
 
 VERIFY_TIMEOUT_S = 300.0
 
@@ -120,7 +125,7 @@ def verify(archive: Path, master: str = "local[2]") -> None:
     """Starts a Spark session that maps ``archive`` in a process of its own and runs a job: an
     archive that crashes the JVM (one cut short does) or that the JVM refuses (another Java build
     or class path) raises, so that it is never put where agents would map it."""
-    env = dict(os.environ, **{ARCHIVE_ENV: str(archive)})
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as directory:  # where a crashed JVM leaves its report
         result = subprocess.run(

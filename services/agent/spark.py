@@ -8,12 +8,21 @@ class_archive.py when it exists (a session gets to its first results 4-7 s soone
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from services.agent.class_archive import archive_path, with_archive
+from services.agent.class_archive import (
+    ARCHIVE_ENV,
+    DRIVER_JAVA_OPTIONS,
+    archive_path,
+    with_archive,
+)
+
+log = logging.getLogger(__name__)
 
 QUIET_DEFAULTS: dict[str, str] = {
     "spark.ui.enabled": "false",
@@ -48,16 +57,33 @@ def spark_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver binds to loopback anyway
+    from pyspark.errors import PySparkRuntimeError
+
+    chosen = {**QUIET_DEFAULTS, **(settings or {})}
+    # a URI: a bare path would resolve against the cluster's default file system (HDFS)
+    chosen.setdefault("spark.scheduler.allocation.file", POOLS.resolve().as_uri())
+    archive = archive_path() if class_archive else None
+    mapped = with_archive(chosen, archive)
+    try:
+        session: Any = start_session(app_name, master, mapped)
+    except PySparkRuntimeError as exc:  # the driver's JVM exited before it answered
+        if mapped == chosen:
+            raise
+        log.warning(
+            "the Spark driver did not start with the class archive %s (%s); starting it "
+            "without: build the archive again (python -m services.agent.class_archive) or "
+            "set %s=off", archive, exc, ARCHIVE_ENV,
+        )  # fmt: skip
+        session = start_session(app_name, master, {DRIVER_JAVA_OPTIONS: "", **chosen})
+    session.sparkContext.setLogLevel(LOG_LEVEL)
+    return session
+
+
+def start_session(app_name: str, master: str, settings: Mapping[str, str]) -> Any:
+    """A SparkSession with exactly ``settings``: no defaults added, nothing tried again."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name).master(master)
-    chosen = {**QUIET_DEFAULTS, **(settings or {})}
-    if class_archive:
-        chosen = with_archive(chosen, archive_path())
-    # a URI: a bare path would resolve against the cluster's default file system (HDFS)
-    chosen.setdefault("spark.scheduler.allocation.file", POOLS.resolve().as_uri())
-    for key, value in chosen.items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel(LOG_LEVEL)
-    return session
+    return builder.getOrCreate()

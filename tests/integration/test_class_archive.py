@@ -1,8 +1,12 @@
 """The Spark driver's class archive (services/agent/class_archive.py): `make install` builds it,
-every session the agent starts maps it, and a caller's own driver Java options stay."""
+every session the agent starts maps it, a caller's own driver Java options stay, and an archive
+that crashes the JVM is neither installed nor, once damaged, in the way of a session."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,7 @@ from services.agent.class_archive import (
     ARCHIVE_ENV,
     DEFAULT_ARCHIVE,
     DRIVER_JAVA_OPTIONS,
+    ROOT,
     archive_path,
     verify,
     with_archive,
@@ -77,3 +82,33 @@ def test_an_archive_cut_short_is_refused_before_agents_could_map_it(tmp_path: Pa
 
     with pytest.raises(RuntimeError, match=r"a Spark session with .*cut\.jsa failed"):
         verify(cut)
+
+
+@pytest.mark.spark
+def test_an_agents_driver_that_cannot_start_with_the_archive_starts_without_it(
+    tmp_path: Path,
+) -> None:
+    """An archive damaged after it was put in place crashes the JVM that maps it: the session
+    starts again without it, and the warning says what to do."""
+    installed = archive_path()
+    assert installed is not None and installed.is_file(), "`make install` builds it"
+    cut = tmp_path / "cut.jsa"
+    with installed.open("rb") as source:
+        cut.write_bytes(source.read(1_000_000))
+    program = (
+        "import logging; logging.basicConfig(level=logging.WARNING)\n"
+        "from services.agent.spark import spark_session\n"
+        "session = spark_session('damaged-archive', 'local[1]')\n"
+        "print('sum', session.sparkContext.parallelize(range(4)).sum())\n"
+    )
+    env = dict(os.environ, **{ARCHIVE_ENV: str(cut), "PYTHONPATH": str(ROOT)})
+
+    result = subprocess.run(
+        [sys.executable, "-c", program], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=240, check=False,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sum 6" in result.stdout
+    assert f"did not start with the class archive {cut}" in result.stderr
+    assert f"{ARCHIVE_ENV}=off" in result.stderr
