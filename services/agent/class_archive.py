@@ -80,6 +80,7 @@ def build(archive: Path, master: str = "local[2]") -> int:
 
     from services.agent.spark import spark_session
 
+    archive = archive.absolute()  # the JVM that verifies it runs in another directory
     archive.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.with_name(f".{archive.name}.{os.getpid()}.partial")
     settings = {DRIVER_JAVA_OPTIONS: f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds=off"}
@@ -125,6 +126,7 @@ def verify(archive: Path, master: str = "local[2]") -> None:
     """Starts a Spark session that maps ``archive`` in a process of its own and runs a job: an
     archive that crashes the JVM (one cut short does) or that the JVM refuses (another Java build
     or class path) raises, so that it is never put where agents would map it."""
+    archive = archive.absolute()  # the session runs in a directory of its own
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as directory:  # where a crashed JVM leaves its report
