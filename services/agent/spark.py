@@ -49,14 +49,9 @@ def spark_session(
     settings: Mapping[str, str] | None = None,
     class_archive: bool = True,
 ) -> object:
-    """A SparkSession (returned as ``object`` so importing this module does not import pyspark).
-
-    Workers run this interpreter: ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` are set to it
-    unless already set, or executors would import another Python without sparkpoint. The driver
-    maps the class archive ``make install`` built (class_archive.py), when there is one."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver binds to loopback anyway
+    """A SparkSession (returned as ``object`` so importing this module does not import pyspark)
+    with the quiet defaults under the caller's settings. The driver maps the class archive
+    ``make install`` built (class_archive.py), when there is one."""
     from pyspark.errors import PySparkRuntimeError
 
     chosen = {**QUIET_DEFAULTS, **(settings or {})}
@@ -80,7 +75,13 @@ def spark_session(
 
 
 def start_session(app_name: str, master: str, settings: Mapping[str, str]) -> Any:
-    """A SparkSession with exactly ``settings``: no defaults added, nothing tried again."""
+    """A SparkSession with exactly ``settings``: no defaults added, nothing tried again.
+
+    Workers run this interpreter: ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` are set to it
+    unless already set, or executors would import another Python without sparkpoint."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver binds to loopback anyway
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name).master(master)

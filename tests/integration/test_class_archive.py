@@ -70,31 +70,30 @@ def test_the_environment_names_the_archive_or_turns_it_off(
     assert archive_path(environ) == path
 
 
-@pytest.mark.spark
-def test_an_archive_cut_short_is_refused_before_agents_could_map_it(tmp_path: Path) -> None:
-    """Mapping a truncated archive crashes the JVM (SIGBUS): ``build`` verifies its dump in a
-    session of its own before putting it in place."""
+@pytest.fixture
+def cut(tmp_path: Path) -> Path:
+    """The first megabyte of the installed archive: mapping it crashes the JVM (SIGBUS)."""
     installed = archive_path()
     assert installed is not None and installed.is_file(), "`make install` builds it"
     cut = tmp_path / "cut.jsa"
     with installed.open("rb") as source:
         cut.write_bytes(source.read(1_000_000))
+    return cut
 
+
+@pytest.mark.spark
+def test_an_archive_cut_short_is_refused_before_agents_could_map_it(cut: Path) -> None:
+    """``build`` verifies its dump in a session of its own before putting it in place."""
     with pytest.raises(RuntimeError, match=r"a Spark session with .*cut\.jsa failed"):
         verify(cut)
 
 
 @pytest.mark.spark
 def test_an_agents_driver_that_cannot_start_with_the_archive_starts_without_it(
-    tmp_path: Path,
+    tmp_path: Path, cut: Path
 ) -> None:
     """An archive damaged after it was put in place crashes the JVM that maps it: the session
     starts again without it, and the warning says what to do."""
-    installed = archive_path()
-    assert installed is not None and installed.is_file(), "`make install` builds it"
-    cut = tmp_path / "cut.jsa"
-    with installed.open("rb") as source:
-        cut.write_bytes(source.read(1_000_000))
     program = (
         "import logging; logging.basicConfig(level=logging.WARNING)\n"
         "from services.agent.spark import spark_session\n"
