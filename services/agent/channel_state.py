@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.agent.channels import Segment
-from services.agent.state import link_or_copy, read_file, write_file
+from services.agent.state import link_or_copy_all, read_file, write_file
 from services.common.events import StateHandle, StateHandleKind
 from services.common.keygroups import KeyGroupRange
 
@@ -49,9 +49,12 @@ def persist(
     in-flight records persisted."""
     entries = []
     handles = []
-    for k, segment in enumerate(segments):
-        name = f"channel-{subtask:04d}-{k:05d}.arrow"
-        link_or_copy(f"{channel_dir}/{segment.path}", f"{target_location}/{name}")
+    names = [f"channel-{subtask:04d}-{k:05d}.arrow" for k in range(len(segments))]
+    link_or_copy_all(
+        (f"{channel_dir}/{segment.path}", f"{target_location}/{name}")
+        for segment, name in zip(segments, names, strict=True)
+    )
+    for segment, name in zip(segments, names, strict=True):
         groups = segment.key_groups or key_groups
         entries.append({
             "file": name, "rows": segment.rows, "bytes": segment.size,

@@ -228,6 +228,10 @@ class Agent(SubtaskCheckpointing):
             lookup=lambda: latest_store_record(options.bootstrap, codec, self.job_id),
         )  # fmt: skip
         self.copier = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="snapshot-copy")
+        self.janitor = ThreadPoolExecutor(1, thread_name_prefix="state-garbage")
+        """Deletes replaced working state files: on an object store a round trip the loop need
+        not wait for."""
+        self._collecting: Future[list[str]] | None = None
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"sparkpoint-{self.job_id}-"))
         self.sink: SinkWriter = self._sink_writer()
         self.committer = EpochCommitter(self.sink, self.job_id)
@@ -452,6 +456,10 @@ class Agent(SubtaskCheckpointing):
         self.stage2.shutdown(wait=True)
         self.filters.shutdown(wait=True)
         self.copier.shutdown(wait=True)
+        backend: StateBackend | None = getattr(self, "backend", None)  # None: never started
+        if backend is not None:
+            self.janitor.submit(backend.collect_garbage)  # what the last rounds replaced
+        self.janitor.shutdown(wait=True)
         self.committer.close()
         self.sink.close()
         self.publisher.close(10)
@@ -823,7 +831,7 @@ class Agent(SubtaskCheckpointing):
             stages = [self._fetching, self._processing, *self.restoring.futures]
             self._await_copies([f for f in stages if f is not None])
             self._send_acks()
-            self.backend.collect_garbage()
+            self._collect_garbage()
             if (
                 self.source.finished()
                 and self._fetching is None
@@ -1017,6 +1025,11 @@ class Agent(SubtaskCheckpointing):
                 delete_files(paths)
         self.processed_rows += sum(s.rows for segments in taken.values() for s in segments)
         return True
+
+    def _collect_garbage(self) -> None:
+        """One collection at a time on the janitor's thread, when a round replaced files."""
+        if self.backend.has_garbage and (self._collecting is None or self._collecting.done()):
+            self._collecting = self.janitor.submit(self.backend.collect_garbage)
 
     def _finish_input(self) -> None:
         """Bounded sources are read to their end and everything is processed: the keyed

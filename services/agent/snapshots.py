@@ -38,7 +38,7 @@ from services.agent.state import (
     Upload,
     copy_file,
     delete_files,
-    link_or_copy,
+    link_or_copy_all,
     write_file,
 )
 from services.common.events import (
@@ -344,9 +344,8 @@ class SubtaskCheckpointing:
         """A keyed subtask's asynchronous phase: new state files, its sink manifest, and its
         channel state (unaligned: the in-flight segments, linked or copied)."""
         try:
-            for upload, source in plan:
-                if source is not None:  # immutable files: linked where storage allows
-                    link_or_copy(source, upload.path)
+            # immutable files: linked where storage allows, on an object store copied together
+            link_or_copy_all((source, upload.path) for upload, source in plan if source)
             write_file(manifest_path, json.dumps(manifest).encode())
             if not in_flight:
                 return [], 0

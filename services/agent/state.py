@@ -245,10 +245,17 @@ def by_file_system(
     return local, list(remote.values())
 
 
-def copy_file(source: str, target: str) -> int:
-    data = read_file(source)
-    write_file(target, data)
-    return len(data)
+def copy_file(source: str, target: str) -> None:
+    """A whole file copied. Both on one object store: a copy the store makes itself (S3: a HEAD
+    and a CopyObject; no byte passes through this process), else read here and written whole.
+    A source that is gone raises FileNotFoundError either way."""
+    if local_path(source) is None and local_path(target) is None:
+        fs, source_key = fsspec.core.url_to_fs(source)
+        target_fs, target_key = fsspec.core.url_to_fs(target)
+        if target_fs is fs and is_object_store(fs):
+            fs.cp_file(source_key, target_key)  # not ``copy``: that lists the target first
+            return
+    write_file(target, read_file(source))
 
 
 def link_or_copy(source: str, target: str) -> None:
@@ -269,6 +276,33 @@ def link_or_copy(source: str, target: str) -> None:
     copy_file(source, target)
 
 
+def link_or_copy_all(pairs: Iterable[tuple[str, str]]) -> None:
+    """`link_or_copy` of every (source, target); on an object store the copies of one file
+    system are in flight together (fsspec's ``copy`` of two lists: no lookup of the targets),
+    each made by the store. A snapshot copies a round's changed key groups: one after another
+    they cost a round trip or two each (measured on S3 (moto): a restored job's copies held its
+    checkpoints for most of its run)."""
+    one_by_one: list[tuple[str, str]] = []
+    together: dict[int, tuple[fsspec.AbstractFileSystem, list[str], list[str]]] = {}
+    for source, target in pairs:
+        if local_path(source) is None and local_path(target) is None:
+            fs, source_key = fsspec.core.url_to_fs(source)
+            target_fs, target_key = fsspec.core.url_to_fs(target)
+            if target_fs is fs and is_object_store(fs):
+                _, sources, targets = together.setdefault(id(fs), (fs, [], []))
+                sources.append(source_key)
+                targets.append(target_key)
+                continue
+        one_by_one.append((source, target))
+    for source, target in one_by_one:
+        link_or_copy(source, target)
+    for fs, sources, targets in together.values():
+        if len(sources) == 1:
+            fs.cp_file(sources[0], targets[0])
+        else:
+            fs.copy(sources, targets)  # raises the first failure (a gone source: not found)
+
+
 def delete_file(path: str) -> None:
     """Deletes a file that may already be gone: on local disk one unlink, elsewhere one
     ``rm_file`` (``rm`` first looks the path up: a HEAD and a LIST on S3)."""
@@ -282,8 +316,26 @@ def delete_file(path: str) -> None:
 
 
 def delete_files(paths: Iterable[str]) -> None:
-    """Deletes files that may already be gone; other failures are logged, never raised."""
-    for path in paths:
+    """Deletes files that may already be gone; other failures are logged, never raised. On an
+    object store the files of one bucket go in bulk (S3: one DeleteObjects per 1,000 keys,
+    where a DELETE each kept the agent's loop waiting, a round's worth of key groups at a time:
+    measured on S3 (moto), 38% of an in-process job's time)."""
+    one_by_one, remote = by_file_system(paths)
+    for fs, targets in remote:
+        if not is_object_store(fs):
+            one_by_one += targets.values()
+            continue
+        buckets: dict[str, list[str]] = {}
+        for target in targets:
+            buckets.setdefault(target.split("/", 1)[0], []).append(target)
+        for bucket, keys in buckets.items():
+            try:
+                fs.rm(sorted(keys))  # no lookup first: fsspec expands a list of literal paths
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("could not delete %d files in %s: %s", len(keys), bucket, exc)
+    for path in one_by_one:
         try:
             delete_file(path)
         except OSError as exc:
@@ -411,6 +463,12 @@ class StateBackend:
                 self.versions[group] = Version(path, size, 0, owned=False)
                 if shared:
                     self.confirmed[group] = (0, path, size)
+
+    @property
+    def has_garbage(self) -> bool:
+        """Whether replaced working files wait (a glance without the lock: `collect_garbage`
+        decides under it)."""
+        return bool(self._garbage)
 
     def collect_garbage(self) -> list[str]:
         """Working files no longer current and not pinned by a snapshot in progress: deleted."""

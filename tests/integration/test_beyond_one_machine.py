@@ -264,6 +264,76 @@ def test_a_rounds_files_are_in_flight_together_on_an_object_store(
     assert read_files([]) == {}
 
 
+def record_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The S3 API operations s3fs calls from now on (``delete_objects``, ``copy_object``...)."""
+    called: list[str] = []
+    call = s3fs.S3FileSystem._call_s3
+
+    async def recorded(self: s3fs.S3FileSystem, method: str, *args: Any, **kwargs: Any) -> Any:
+        called.append(method)
+        return await call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recorded)
+    return called
+
+
+def test_a_rounds_garbage_is_one_bulk_delete_and_copies_stay_on_the_store(
+    s3: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The working state files a round replaced go in one DeleteObjects per bucket (a DELETE
+    each held the agent's loop for a round trip per key group), missing ones too; a copy from
+    one S3 path to another (a savepoint's staged output, a state file) is made by the store,
+    a snapshot's copies are in flight together, and a gone source still says so."""
+    from services.agent.state import (
+        copy_file,
+        delete_files,
+        link_or_copy_all,
+        read_file,
+        write_file,
+    )
+
+    other = s3.bucket()
+    garbage = [f"{bucket}/gc/kg-{group:05d}/v1.arrow" for group in range(40)]
+    garbage += [f"{other}/gc/kg-{group:05d}/v1.arrow" for group in range(3)]
+    for path in garbage:
+        write_file(path, b"v1")
+    called = record_calls(monkeypatch)
+    delete_files([*garbage, f"{bucket}/gc/kg-99999/v1.arrow"])
+    assert called == ["delete_objects", "delete_objects"], called
+    assert objects(f"{bucket}/gc") == [] and objects(f"{other}/gc") == []
+
+    write_file(f"{bucket}/gc/part-0", b"staged output")
+    called.clear()
+    copy_file(f"{bucket}/gc/part-0", f"{bucket}/savepoint/sink/part-0")
+    assert called == ["head_object", "copy_object"], called
+    assert read_file(f"{bucket}/savepoint/sink/part-0") == b"staged output"
+    with pytest.raises(FileNotFoundError):
+        copy_file(f"{bucket}/gc/published", f"{bucket}/savepoint/sink/published")
+
+    pairs = [(f"{bucket}/gc/kg-{g:05d}", f"{bucket}/chk-1/kg-{g:05d}") for g in range(12)]
+    for source, _ in pairs:
+        write_file(source, source.encode())
+    in_flight, most = [0], [0]
+    copy = s3fs.S3FileSystem._cp_file
+
+    async def counted(self: s3fs.S3FileSystem, *args: Any, **kwargs: Any) -> Any:
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        try:
+            return await copy(self, *args, **kwargs)
+        finally:
+            in_flight[0] -= 1
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cp_file", counted)
+    called.clear()
+    link_or_copy_all(pairs)
+    assert most[0] > 1, "the copies went one after another"
+    assert called.count("copy_object") == len(pairs) and "get_object" not in called, called
+    assert all(read_file(target) == source.encode() for source, target in pairs)
+    with pytest.raises(FileNotFoundError):
+        link_or_copy_all([*pairs, (f"{bucket}/gc/gone", f"{bucket}/chk-1/gone")])
+
+
 @pytest.mark.chaos  # `make chaos`: 100-125 s of the suite's budget; bench/cluster.py runs the cluster
 def test_the_agent_on_a_standalone_cluster_through_a_lost_worker_and_a_sigkill(
     coordinator: Running, kafka: KafkaUnderTest, bucket: str
