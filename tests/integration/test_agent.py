@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -471,7 +472,7 @@ def test_a_file_source_is_read_to_its_end_and_the_job_finishes(
     assert got == expected, difference(got, expected)
 
 
-def test_a_savepoint_then_stop_with_savepoint_and_a_restore_from_it_with_parallelism_3(
+def test_a_savepoint_then_stop_with_savepoint_moved_elsewhere_restores_with_parallelism_3(
     coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
 ) -> None:
     output = unique("stats")
@@ -514,7 +515,12 @@ def test_a_savepoint_then_stop_with_savepoint_and_a_restore_from_it_with_paralle
     listed = client.get(f"/jobs/{job.id}/savepoints").json()
     assert {first, stopped} <= {s["location"] for s in listed["savepoints"]}
 
-    status, restored = run_in_process(job, coordinator, spark, restore=stopped, parallelism=3)
+    # a savepoint restores from wherever it was moved: nothing in it names its old place
+    moved = coordinator.root / "savepoints" / "moved-here" / Path(stopped).name
+    moved.parent.mkdir(parents=True)
+    shutil.move(stopped, moved)
+    assert not Path(stopped).exists()
+    status, restored = run_in_process(job, coordinator, spark, restore=str(moved), parallelism=3)
     client.close()
     assert status is JobStatus.FINISHED and restored.parallelism == 3
     got = read_output(coordinator.bootstrap, output)

@@ -397,6 +397,7 @@ def test_metadata_and_part_files_are_one_put_on_an_object_store(
     assert read_parquet(f"{bucket}/sink") == [("total", "a", 1, 5)]
 
 
+@pytest.mark.chaos  # `make chaos`: 45-60 s; the local savepoint test moves and restores one
 def test_savepoints_on_s3_are_self_contained_and_restore_with_another_parallelism(
     coordinator: Running, s3: S3Server, bucket: str, spark: Any, payments_topic: str,
     expected: list[Output],

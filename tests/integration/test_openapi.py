@@ -39,7 +39,7 @@ CHECKS = [
 
 # Bounded: the fuzzing phase draws at most this many cases per operation (the examples and
 # coverage phases add their fixed sets); no shrinking, a fixed seed so a run is reproducible.
-MAX_EXAMPLES = 50
+MAX_EXAMPLES = 25
 SEED = 571
 
 
