@@ -191,17 +191,22 @@ def test_storage_roots_confine_s3_urls(bucket: str) -> None:
     assert objects(f"{bucket}/elsewhere") == []
 
 
+def record_first_arguments(monkeypatch: pytest.MonkeyPatch, method: str) -> list[str]:
+    """The first argument of every call of an async s3fs method from now on."""
+    seen: list[str] = []
+    original = getattr(s3fs.S3FileSystem, method)
+
+    async def recorded(self: s3fs.S3FileSystem, first: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append(first)
+        return await original(self, first, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, method, recorded)
+    return seen
+
+
 def record_lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The paths s3fs looks up (``_info``: a HEAD, or a LIST for a prefix) from now on."""
-    looked_up: list[str] = []
-    lookup = s3fs.S3FileSystem._info
-
-    async def recorded(self: s3fs.S3FileSystem, path: str, *args: Any, **kwargs: Any) -> Any:
-        looked_up.append(path)
-        return await lookup(self, path, *args, **kwargs)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_info", recorded)
-    return looked_up
+    return record_first_arguments(monkeypatch, "_info")
 
 
 def test_deletes_on_an_object_store_ask_nothing_first(
@@ -228,15 +233,9 @@ def test_deletes_on_an_object_store_ask_nothing_first(
     assert not [p for p in looked_up if p.endswith(("/segment", "/state"))], looked_up
 
 
-def test_a_rounds_files_are_in_flight_together_on_an_object_store(
-    bucket: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Stage 2 writes a round's state files, and reads those its worker has not cached, as
-    requests in flight together (a round trip for them all, not one per key group); each file
-    is still one PUT or GET of its whole bytes, and a read asks nothing first (no HEAD for the
-    size)."""
-    from services.agent.state import read_files, write_files
-
+def count_in_flight(monkeypatch: pytest.MonkeyPatch, *methods: str) -> list[int]:
+    """From now on, the most calls of these async s3fs methods in flight at once, in ``[0]``
+    (set it back to 0 to count afresh)."""
     in_flight, most = [0], [0]
 
     def counted(method: Any) -> Any:
@@ -250,8 +249,21 @@ def test_a_rounds_files_are_in_flight_together_on_an_object_store(
 
         return wrapper
 
-    monkeypatch.setattr(s3fs.S3FileSystem, "_pipe_file", counted(s3fs.S3FileSystem._pipe_file))
-    monkeypatch.setattr(s3fs.S3FileSystem, "_cat_file", counted(s3fs.S3FileSystem._cat_file))
+    for name in methods:
+        monkeypatch.setattr(s3fs.S3FileSystem, name, counted(getattr(s3fs.S3FileSystem, name)))
+    return most
+
+
+def test_a_rounds_files_are_in_flight_together_on_an_object_store(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stage 2 writes a round's state files, and reads those its worker has not cached, as
+    requests in flight together (a round trip for them all, not one per key group); each file
+    is still one PUT or GET of its whole bytes, and a read asks nothing first (no HEAD for the
+    size)."""
+    from services.agent.state import read_files, write_files
+
+    most = count_in_flight(monkeypatch, "_pipe_file", "_cat_file")
     files = {f"{bucket}/round/kg-{group:05d}.arrow": bytes([group]) * 1000 for group in range(16)}
     write_files(files)
     assert most[0] > 1, "the PUTs went one after another"
@@ -266,15 +278,7 @@ def test_a_rounds_files_are_in_flight_together_on_an_object_store(
 
 def record_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The S3 API operations s3fs calls from now on (``delete_objects``, ``copy_object``...)."""
-    called: list[str] = []
-    call = s3fs.S3FileSystem._call_s3
-
-    async def recorded(self: s3fs.S3FileSystem, method: str, *args: Any, **kwargs: Any) -> Any:
-        called.append(method)
-        return await call(self, method, *args, **kwargs)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", recorded)
-    return called
+    return record_first_arguments(monkeypatch, "_call_s3")
 
 
 def test_a_rounds_garbage_is_one_bulk_delete_and_copies_stay_on_the_store(
@@ -313,18 +317,7 @@ def test_a_rounds_garbage_is_one_bulk_delete_and_copies_stay_on_the_store(
     pairs = [(f"{bucket}/gc/kg-{g:05d}", f"{bucket}/chk-1/kg-{g:05d}") for g in range(12)]
     for source, _ in pairs:
         write_file(source, source.encode())
-    in_flight, most = [0], [0]
-    copy = s3fs.S3FileSystem._cp_file
-
-    async def counted(self: s3fs.S3FileSystem, *args: Any, **kwargs: Any) -> Any:
-        in_flight[0] += 1
-        most[0] = max(most[0], in_flight[0])
-        try:
-            return await copy(self, *args, **kwargs)
-        finally:
-            in_flight[0] -= 1
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_cp_file", counted)
+    most = count_in_flight(monkeypatch, "_cp_file")
     called.clear()
     link_or_copy_all(pairs)
     assert most[0] > 1, "the copies went one after another"
