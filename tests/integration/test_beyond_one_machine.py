@@ -212,8 +212,9 @@ def record_lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_deletes_on_an_object_store_ask_nothing_first(
     bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A discarded checkpoint's shared files are one DELETE each (a missing one too: a discard
-    may be retried), its directory goes whole; the agent's segment and state files likewise."""
+    """A discarded checkpoint's shared files go in one bulk delete, nothing asked first (a
+    missing one too: a discard may be retried), its directory goes whole; the agent's segment
+    and state files likewise."""
     from services.agent.state import delete_file, delete_files, read_file, write_file
 
     storage = Storage([f"{bucket}/d"])
@@ -221,8 +222,9 @@ def test_deletes_on_an_object_store_ask_nothing_first(
     for path in [*shared, f"{bucket}/d/job/chk-3/_metadata", f"{bucket}/d/job/chk-3/x"]:
         write_file(path, b"data")
     assert read_file(shared[0]) == b"data"
-    looked_up = record_lookups(monkeypatch)
+    looked_up, called = record_lookups(monkeypatch), record_calls(monkeypatch)
     gone = storage.delete([*shared, f"{bucket}/d/job/shared/missing"], f"{bucket}/d/job/chk-3")
+    assert "delete_object" not in called, f"a DELETE per file: {called}"
     assert gone == 4 and objects(f"{bucket}/d") == []
     assert not [p for p in looked_up if "/shared/" in p], looked_up
     write_file(f"{bucket}/d/segment", b"s")
