@@ -19,7 +19,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from services.agent.state import delete_file
+from services.agent.state import delete_files
 
 DEFAULT_CAPACITY_BYTES = 256 * 1024 * 1024
 """Per channel, queued segment bytes above which the source stops fetching (backpressure)."""
@@ -170,17 +170,21 @@ class SegmentFiles:
             self.pins[path] += 1
 
     def release(self, paths: Iterable[str]) -> None:
+        free = []
         for path in paths:
             self.pins[path] -= 1
             if self.pins[path] <= 0:
                 del self.pins[path]
                 if path in self.doomed:
                     self.doomed.discard(path)
-                    delete_file(f"{self.directory}/{path}")
+                    free.append(f"{self.directory}/{path}")
+        delete_files(free)  # on an object store one bulk request
 
     def discard(self, segments: Iterable[Segment]) -> None:
+        free = []
         for segment in segments:
             if segment.path in self.pins:
                 self.doomed.add(segment.path)
             else:
-                delete_file(f"{self.directory}/{segment.path}")
+                free.append(f"{self.directory}/{segment.path}")
+        delete_files(free)  # on an object store one bulk request, not a DELETE per segment
