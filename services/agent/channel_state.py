@@ -49,12 +49,10 @@ def persist(
     in-flight records persisted."""
     entries = []
     handles = []
-    names = [f"channel-{subtask:04d}-{k:05d}.arrow" for k in range(len(segments))]
-    link_or_copy_all(
-        (f"{channel_dir}/{segment.path}", f"{target_location}/{name}")
-        for segment, name in zip(segments, names, strict=True)
-    )
-    for segment, name in zip(segments, names, strict=True):
+    copies = []
+    for k, segment in enumerate(segments):
+        name = f"channel-{subtask:04d}-{k:05d}.arrow"
+        copies.append((f"{channel_dir}/{segment.path}", f"{target_location}/{name}"))
         groups = segment.key_groups or key_groups
         entries.append({
             "file": name, "rows": segment.rows, "bytes": segment.size,
@@ -62,6 +60,7 @@ def persist(
         })  # fmt: skip
         path = f"{target_location}/{name}"
         handles.append(StateHandle(path, StateHandleKind.CHANNEL_STATE, segment.size, *groups))
+    link_or_copy_all(copies)  # the segments first: a manifest never names a missing file
     manifest = json.dumps(
         {"format": MANIFEST_FORMAT, "key_groups": list(key_groups), "segments": entries}
     ).encode()

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from services.agent.job import MapState, StateDescriptor, empty_series
-from services.common.storage import is_object_store, put_whole
+from services.common.storage import by_bucket, is_object_store, put_whole
 
 log = logging.getLogger(__name__)
 
@@ -306,10 +306,7 @@ def link_or_copy_all(pairs: Iterable[tuple[str, str]]) -> None:
     for source, target in one_by_one:
         link_or_copy(source, target)
     for fs, sources, targets in together.values():
-        if len(sources) == 1:
-            fs.cp_file(sources[0], targets[0])
-        else:
-            fs.copy(sources, targets)  # raises the first failure (a gone source: not found)
+        fs.copy(sources, targets)  # raises the first failure (a gone source: not found)
 
 
 def delete_file(path: str) -> None:
@@ -334,12 +331,9 @@ def delete_files(paths: Iterable[str]) -> None:
         if not is_object_store(fs):
             one_by_one += targets.values()
             continue
-        buckets: dict[str, list[str]] = {}
-        for target in targets:
-            buckets.setdefault(target.split("/", 1)[0], []).append(target)
-        for bucket, keys in buckets.items():
+        for bucket, keys in by_bucket(targets).items():
             try:
-                fs.rm(sorted(keys))  # no lookup first: fsspec expands a list of literal paths
+                fs.rm(keys)  # no lookup first: fsspec expands a list of literal paths
             except FileNotFoundError:
                 pass
             except OSError as exc:

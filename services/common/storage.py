@@ -179,7 +179,7 @@ class Storage:
         if directory is not None:
             inside = canonical(directory).rstrip("/") + "/"
             files = [f for f in files if not canonical(f).startswith(inside)]
-        in_bulk: dict[tuple[int, str], tuple[fsspec.AbstractFileSystem, list[str]]] = {}
+        in_bulk: dict[int, tuple[fsspec.AbstractFileSystem, list[str]]] = {}
         for path in [*files, *([directory] if directory else [])]:
             protocol, real = self._resolve(path)
             if protocol == "file":
@@ -187,8 +187,7 @@ class Storage:
                 continue
             fs, target = url_to_fs(path)
             if path != directory and is_object_store(fs):
-                bucket = target.split("/", 1)[0]
-                in_bulk.setdefault((id(fs), bucket), (fs, []))[1].append(target)
+                in_bulk.setdefault(id(fs), (fs, []))[1].append(target)
                 continue
             try:
                 if fs.exists(target):
@@ -197,9 +196,10 @@ class Storage:
             except FileNotFoundError:
                 pass
         for fs, targets in in_bulk.values():
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm(sorted(targets))  # no lookup first: fsspec expands a list of literal paths
-            removed += len(targets)
+            for keys in by_bucket(targets).values():
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm(keys)  # no lookup first: fsspec expands a list of literal paths
+                removed += len(keys)
         return removed
 
     def _delete_local(self, real: str) -> int:
@@ -244,6 +244,15 @@ def _temporary(directory: str, name: str) -> str:
 
 OBJECT_STORES = frozenset({"s3", "s3a", "gcs", "gs", "abfs", "abfss", "az", "oss"})
 """Object stores have no rename: fsspec's ``mv`` copies the object and deletes the original."""
+
+
+def by_bucket(keys: Iterable[str]) -> dict[str, list[str]]:
+    """An object store's keys (``bucket/path``) per bucket, sorted: a bulk delete names one
+    bucket."""
+    buckets: dict[str, list[str]] = {}
+    for key in sorted(keys):
+        buckets.setdefault(key.split("/", 1)[0], []).append(key)
+    return buckets
 
 
 def is_object_store(fs: fsspec.AbstractFileSystem) -> bool:
