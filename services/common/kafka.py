@@ -1,21 +1,24 @@
 """Kafka clients for sparkpoint: factories with the project's defaults, and a typed
 publish/subscribe layer over the event codec. All Kafka I/O goes through confluent-kafka.
 
-Consumer profiles (measured on the embedded broker, which holds every fetch for the full
-``fetch.wait.max.ms``):
+Consumer profiles (measured on the embedded broker, which answers a waiting fetch late: a record
+produced during the wait reached the reader p50 2.2 ms later at a 5 ms wait, 6.1 ms at 50 ms):
 
 - CONTROL: ``fetch.wait.max.ms=5`` for the readers on a checkpoint's critical path: the agent's
   control events (triggers, completions) and the coordinator's acknowledgements. Measured on
   this machine's broker, produce to consume on one partition: p50 2.0 ms / p90 3.8 ms against
   2.8 / 5.8 with 10 ms, for twice the empty fetches of an idle reader (1 ms gives 2.0 / 2.5:
   the broker's floor, for ten times). Three such reads per checkpoint.
-- LIVE: ``fetch.wait.max.ms=10`` for the other live readers (sources).
-- LIFECYCLE: ``fetch.wait.max.ms=50`` for the coordinator's reader of registrations and status
-  changes: they come once per job start or end, where a few milliseconds are nothing, but the
-  reader asks all the time. Every empty fetch costs the embedded broker CPU (an idle reader of
-  12 partitions: 33% of a core at 5 ms, 13% at 10 ms, 4.5% at 50 ms; produce to consume p50 3.9
-  ms at 10 ms, 6.1 ms at 50 ms). Apache Kafka answers a waiting fetch as soon as a record comes,
-  so there a longer wait costs no latency at all.
+- LIVE: ``fetch.wait.max.ms=50`` for the other live readers: Kafka sources (stage-1 tasks) and
+  the coordinator's reader of registrations and status changes. A fetch that finds records
+  returns at once, so the wait only matters when a reader has caught up, where a few
+  milliseconds are nothing. 10 ms starved these readers on the embedded broker whenever a
+  partition held many one-record batches (what a producer without linger writes, and agents
+  write the jobs topic that way, which the broker never compacts): a source task read 7 of
+  20,000 such records before it counted its idle polls (all of them in 0.5 s at 50 ms), and a
+  coordinator taking a jobs partition of 20,000 served none of its jobs in 180 s (all in 7 s).
+  Every empty fetch also costs that broker CPU: an idle reader of 12 partitions, 13% of a core
+  at 10 ms, 4.5% at 50 ms. Apache Kafka answers a waiting fetch as soon as a record comes.
 - REPLAY: ``fetch.wait.max.ms=100`` for reading a topic from the start (compacted stores,
   audit replays). With 10 ms a reader of 20,000 one-record batches got 16,591 of them in 30 s;
   with 20 ms or more it read them all in under 0.6 s.
@@ -71,8 +74,7 @@ TAIL_IDLE_S = 0.05
 
 class ConsumerProfile(enum.Enum):
     CONTROL = 5
-    LIVE = 10
-    LIFECYCLE = 50
+    LIVE = 50
     REPLAY = 100
 
     @property

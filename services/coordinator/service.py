@@ -302,7 +302,6 @@ class CoordinatorService:
             self.settings.bootstrap,
             group_id=f"{topic_prefix()}coordinator",
             client_id=self.settings.instance_id,
-            profile=ConsumerProfile.LIFECYCLE,
         )
         subscriber = EventSubscriber(consumer, self.codec, self._report_malformed)
         subscriber.subscribe(

@@ -19,12 +19,14 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 
+from services.agent.stages import FetchTask, read_range
 from services.common.avro import EventCodec
 from services.common.broker import EmbeddedBroker
 from services.common.kafka import (
     ConsumerProfile,
     EventPublisher,
     EventSubscriber,
+    consumer_config,
     make_admin,
     make_consumer,
     make_producer,
@@ -238,18 +240,16 @@ def many_single_record_batches(quiet_broker: str) -> str:
 def test_a_10ms_fetch_wait_starves_a_reader_of_many_one_record_batches(
     embedded_only: KafkaUnderTest, quiet_broker: str, many_single_record_batches: str
 ) -> None:
-    live = make_consumer(quiet_broker, profile=ConsumerProfile.LIVE)
+    live = Consumer(consumer_config(quiet_broker) | {"fetch.wait.max.ms": 10})
     seen = values(live, many_single_record_batches, 5.0)
     # Measured: ~16,600 of 20,000 in 30 s. With 20 ms or more, all of them in under a second.
     assert len(seen) < MANY, len(seen)
 
 
-@pytest.mark.parametrize("profile", [ConsumerProfile.REPLAY, ConsumerProfile.LIFECYCLE])
-def test_the_replay_and_lifecycle_profiles_read_many_one_record_batches_to_the_end(
+@pytest.mark.parametrize("profile", [ConsumerProfile.REPLAY, ConsumerProfile.LIVE])
+def test_the_replay_and_live_profiles_read_many_one_record_batches_to_the_end(
     quiet_broker: str, many_single_record_batches: str, profile: ConsumerProfile
 ) -> None:
-    """LIFECYCLE is the coordinator's reader of the jobs topic, which replays the topic's
-    history (agents write it one record per batch) whenever the instance takes a partition."""
     consumer = make_consumer(quiet_broker, profile=profile)
     consumer.assign([TopicPartition(many_single_record_batches, 0, 0)])
     count = 0
@@ -258,6 +258,18 @@ def test_the_replay_and_lifecycle_profiles_read_many_one_record_batches_to_the_e
         count += sum(1 for m in consumer.consume(1000, 0.5) if m.error() is None)
     consumer.close()
     assert count == MANY
+
+
+def test_a_source_task_reads_a_partition_of_many_one_record_batches_whole(
+    quiet_broker: str, many_single_record_batches: str
+) -> None:
+    """What a producer without linger writes: with a 10 ms fetch wait a stage-1 task read 7 of
+    20,000 such records, then counted its idle polls and stopped (measured)."""
+    task = FetchTask(quiet_broker, many_single_record_batches, 0, 0, None, MANY, "k", 128, 2)
+    started = time.monotonic()
+    values, _, offsets, next_offset = read_range(task)
+    assert (len(values), next_offset) == (MANY, MANY), time.monotonic() - started
+    assert offsets == list(range(MANY))
 
 
 HISTORY = 20_000
@@ -273,8 +285,8 @@ def test_a_new_owner_replays_a_jobs_topic_of_many_one_record_batches(
 ) -> None:
     """Agents write the jobs topic one record per batch, and the embedded broker never compacts
     it: an instance taking a partition replays every registration and status change ever
-    written there. With the LIVE fetch wait its reader served none of 50 jobs within 180 s of
-    20,000 such records (measured); with LIFECYCLE it serves them all within seconds."""
+    written there. With a 10 ms fetch wait its reader served none of 50 jobs within 180 s of
+    20,000 such records (measured); with LIVE's 50 ms it serves them all within seconds."""
     monkeypatch.setenv("SPARKPOINT_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:10]}.")
     create_topics(make_admin(quiet_broker), partitions=1)  # all of them in one partition
     publisher = EventPublisher(make_producer(quiet_broker, one_record_per_batch=True), codec)
