@@ -10,6 +10,11 @@ checkpoints it completed, and the share of the jobs each instance owns.
 
 On this machine every process shares 2 cores with the broker and the fleet agent: a second
 instance adds no core, so what two instances show here is how the work splits, not a speed-up.
+
+The checkpoint roots live in memory (/dev/shm) unless ``--storage-dir`` names another place:
+this machine's disk charges each new inode for every inode deleted in the last seconds
+(`recording.storage_dir`). ``file_system_cost_us`` in the results gives one checkpoint's file
+work on both, and ``--disk-run`` adds the 1,000-job case with the roots on the disk.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -24,7 +30,14 @@ from pathlib import Path
 
 import httpx
 from coordinator_latency import WARMUP_S, fleet_agent
-from recording import CoordinatorProcess, cpu_seconds, percentiles, write_results
+from recording import (
+    CoordinatorProcess,
+    cpu_seconds,
+    file_system_cost,
+    percentiles,
+    storage_dir,
+    write_results,
+)
 
 PARTITIONS = 12
 """Partitions of every sparkpoint topic: enough for two instances to split the jobs evenly."""
@@ -38,10 +51,21 @@ def owned_jobs(url: str) -> int:
     return len(httpx.get(f"{url}/jobs/overview", timeout=10).json()["jobs"])
 
 
-def run(bootstrap: str, instances: int, jobs: int, seconds: float) -> dict[str, object]:
+def run(
+    bootstrap: str, instances: int, jobs: int, seconds: float, storage: Path
+) -> dict[str, object]:
+    root = Path(tempfile.mkdtemp(prefix="sparkpoint-scale-", dir=storage))
+    try:
+        return measure(bootstrap, instances, jobs, seconds, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # in memory, or gigabytes of disk over a bench
+
+
+def measure(
+    bootstrap: str, instances: int, jobs: int, seconds: float, root: Path
+) -> dict[str, object]:
     prefix = f"s{uuid.uuid4().hex[:8]}."
     os.environ["SPARKPOINT_TOPIC_PREFIX"] = prefix
-    root = Path(tempfile.mkdtemp(prefix="sparkpoint-scale-"))
     coordinators = []
     for i in range(instances):
         (root / f"c{i}").mkdir()
@@ -100,6 +124,7 @@ def run(bootstrap: str, instances: int, jobs: int, seconds: float) -> dict[str, 
     result = {
         "instances": instances,
         "jobs": jobs,
+        "storage": str(root.parent),
         "measured_seconds": seconds,
         "completions_per_s": round(len(done) / seconds, 1),
         "demanded_per_s": jobs,
@@ -109,7 +134,8 @@ def run(bootstrap: str, instances: int, jobs: int, seconds: float) -> dict[str, 
     }
     figures = percentiles(latency)
     print(
-        f"  {instances} instance(s), {jobs} jobs: {result['completions_per_s']} completions/s of "
+        f"  {instances} instance(s), {jobs} jobs, roots in {root.parent}: "
+        f"{result['completions_per_s']} completions/s of "
         f"{jobs}; trigger->completed p50 {figures.get('p50')} p99 {figures.get('p99')} ms; "
         + "; ".join(
             f"instance {i}: {p['jobs_owned']} jobs ({p['share']:.0%}), "
@@ -126,16 +152,37 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, nargs="+", default=[250, 500, 1000])
     parser.add_argument("--instances", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument(
+        "--storage-dir", help="where the checkpoint roots go (default: /dev/shm where it exists)"
+    )
+    parser.add_argument(
+        "--disk-run",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run 1 instance with the most jobs with the roots in the temporary directory",
+    )
     args = parser.parse_args()
     from services.common.broker import EmbeddedBroker
 
+    storage = storage_dir(args.storage_dir)
+    disk = Path(tempfile.gettempdir())
+    costs = {str(place): file_system_cost(place) for place in dict.fromkeys([storage, disk])}
+    print(
+        "one checkpoint's file work at 1,000 a second over 1,000 job directories: "
+        + ", ".join(f"{us} CPU µs in {place}" for place, us in costs.items())
+    )
     print("coordinator scale on the embedded broker, agents acknowledging at once")
     runs = []
     with EmbeddedBroker() as broker:
         for instances in args.instances:
             for jobs in args.jobs:
-                runs.append(run(broker.bootstrap, instances, jobs, args.seconds))
-    path = write_results("coordinator_scale", {"benchmark": "coordinator_scale", "runs": runs})
+                runs.append(run(broker.bootstrap, instances, jobs, args.seconds, storage))
+        if args.disk_run and disk != storage:
+            runs.append(run(broker.bootstrap, 1, max(args.jobs), args.seconds, disk))
+    path = write_results(
+        "coordinator_scale",
+        {"benchmark": "coordinator_scale", "file_system_cost_us": costs, "runs": runs},
+    )
     print(f"wrote {path}")
 
 
