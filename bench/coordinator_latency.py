@@ -2,9 +2,9 @@
 that acknowledge at once, and where its milliseconds go. Writes
 bench/results/coordinator_latency.json.
 
-Two runs, each a fresh coordinator (real Kafka I/O, transactions, timers, ``_metadata`` on
-local disk) on a thread of this process, with a step trace installed
-(`services.coordinator.trace`):
+Two runs, each a fresh coordinator (real Kafka I/O, transactions, timers, ``_metadata`` files;
+the roots in memory unless ``--storage-dir`` says otherwise, see `recording.storage_dir`) on a
+thread of this process, with a step trace installed (`services.coordinator.trace`):
 - one job of 8 subtasks, checkpoint interval 200 ms;
 - 1,000 jobs of 4 subtasks, interval 1 s.
 
@@ -35,6 +35,7 @@ import itertools
 import multiprocessing
 import os
 import pstats
+import shutil
 import sys
 import tempfile
 import threading
@@ -43,7 +44,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from recording import cpu_since, percentiles, start_coordinator, thread_cpu, write_results
+from recording import (
+    cpu_since,
+    percentiles,
+    start_coordinator,
+    storage_dir,
+    thread_cpu,
+    write_results,
+)
 
 from services.coordinator.trace import wall_ms
 
@@ -171,7 +179,7 @@ def scenario(
 
     prefix = f"b{uuid.uuid4().hex[:8]}."
     os.environ["SPARKPOINT_TOPIC_PREFIX"] = prefix
-    root = Path(tempfile.mkdtemp(prefix="sparkpoint-bench-"))
+    root = Path(tempfile.mkdtemp(prefix="sparkpoint-bench-", dir=STORAGE))
     service = start_coordinator(bootstrap, root, PARTITIONS)
     trace = service.trace = StepTrace()
     job_ids = [f"bench-{uuid.uuid4().hex[:6]}-{j}" for j in range(jobs)]
@@ -328,17 +336,33 @@ def guarantee_cost(bootstrap: str, rounds: int = 300) -> dict[str, object]:
     return {"transaction_ms": transaction, "idempotent_produce_ms": idempotent}
 
 
+STORAGE = Path(tempfile.gettempdir())
+"""Where the scenarios' checkpoint roots go (`recording.storage_dir`; set by `main`)."""
+
+
 def main() -> None:
+    global STORAGE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=1000, help="jobs of the many-jobs run")
     parser.add_argument("--seconds", type=float, default=30, help="measured seconds per run")
     parser.add_argument(
         "--cprofile", action="store_true", help="profile the event loop of the many-jobs run"
     )
+    parser.add_argument(
+        "--storage-dir", help="where the checkpoint roots go (default: /dev/shm where it exists)"
+    )
     args = parser.parse_args()
     from services.common.broker import EmbeddedBroker
+    from services.coordinator.main import tune_collector
 
-    print("coordinator latency on the embedded broker, agents acknowledging at once")
+    STORAGE = Path(
+        tempfile.mkdtemp(prefix="sparkpoint-latency-", dir=storage_dir(args.storage_dir))
+    )
+    tune_collector()  # as `sparkpoint coordinator` does; the service runs in this process
+    print(
+        "coordinator latency on the embedded broker, agents acknowledging at once; "
+        f"checkpoint roots in {STORAGE.parent}"
+    )
     with EmbeddedBroker() as broker:
         one_job = scenario(broker.bootstrap, "1 job x 8 subtasks @ 200 ms", 1, 8, 200, 20)
         many = scenario(
@@ -351,8 +375,10 @@ def main() -> None:
             args.cprofile,
         )
         guarantee = guarantee_cost(broker.bootstrap)
+    shutil.rmtree(STORAGE, ignore_errors=True)
     results = {
         "benchmark": "coordinator_latency",
+        "storage": str(STORAGE.parent),
         "guarantee_cost": guarantee,
         "one_job_8_subtasks": one_job,
         f"{args.jobs}_jobs_4_subtasks": many,

@@ -84,6 +84,11 @@ class Storage:
         that exist and are no symbolic link, by spelling -> real path (`_real`)."""
         self._lock = threading.Lock()
 
+    @property
+    def local_only(self) -> bool:
+        """Whether every root is on local disk (no request waits on a remote store)."""
+        return all(protocol == "file" for protocol, _ in self.roots)
+
     def check(self, path: str) -> str:
         """Returns ``path`` if it lies under a root; raises `PathOutsideRoots` otherwise."""
         self._resolve(path)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from services.common.storage import PathOutsideRoots, Storage
+from services.coordinator.files import LOCAL_THREADS, THREADS, FileWork, Write, threads_for
 
 
 @pytest.fixture
@@ -121,3 +122,25 @@ def test_files_inside_the_deleted_directory_go_with_it(storage: Storage, tmp_pat
         path.write_bytes(b"x")
     assert storage.delete([str(p) for p in inside], str(directory)) == 1  # the directory
     assert not directory.exists()
+
+
+def test_file_work_takes_one_thread_on_local_disk_and_four_with_an_object_store(
+    tmp_path: Path,
+) -> None:
+    local = Storage([str(tmp_path / "checkpoints"), f"file://{tmp_path}/savepoints"])
+    mixed = Storage([str(tmp_path / "checkpoints"), "s3://bucket/savepoints"])
+    assert local.local_only and not mixed.local_only
+    assert threads_for(local) == LOCAL_THREADS == 1
+    assert threads_for(mixed) == THREADS == 4
+    work = FileWork(local, lambda report: report())
+    try:
+        written: list[Exception | None] = []
+        work.write(
+            Write(str(tmp_path / "checkpoints/j/chk-1/_metadata"), lambda: b"{}", written.append)
+        )
+        work.close()
+        assert written == [None]
+        assert (tmp_path / "checkpoints/j/chk-1/_metadata").read_bytes() == b"{}"
+        assert len(work._threads) == 1
+    finally:
+        work.close()
