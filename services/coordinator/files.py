@@ -28,7 +28,9 @@ LOCAL_THREADS = 1
 """Threads doing file work where every root is on local disk: a local write takes tens of
 microseconds and one thread keeps up. More only contend for the interpreter lock and wake each
 other: at 1,000 checkpoints a second four threads cost the coordinator 0.66-0.75 CPU s per 1,000
-checkpoints where one costs 0.58-0.66 (runs taken turn about), and p99 rose with them."""
+checkpoints where one costs 0.58-0.66 (runs taken turn about), and p99 rose with them. The
+price: a write that arrives while the thread deletes a discarded checkpoint waits for that one
+delete (writes still go first whenever the thread picks its next work)."""
 
 
 def threads_for(storage: Storage) -> int:
