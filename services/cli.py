@@ -183,6 +183,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         args.advertised_rest_url,
         web_ui,
         args.history_url,
+        args.transactions_in_flight,
     )
     return EXIT_OK
 
@@ -461,6 +462,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="the history service (sparkpoint history): checkpoint statistics from before this "
         "instance owned a job are added from it",
+    )
+    coordinator.add_argument(
+        "--transactions-in-flight",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="how many of this instance's partitions may have a transaction open at once; the "
+        "others wait their turn and commit what queued meanwhile together (default 1: on the "
+        "embedded broker concurrent transactions slow each other down)",
     )
     coordinator.set_defaults(run=cmd_coordinator)
 

@@ -108,6 +108,7 @@ def run(
     advertised: str | None = None,
     web_ui: WebUi | None = None,
     history_url: str | None = None,
+    transactions_in_flight: int = 1,
 ) -> None:
     defaults = load_defaults(config_file)
     defaults = dataclasses.replace(
@@ -120,6 +121,7 @@ def run(
         defaults,
         rest_url=advertised_url(rest_host, rest_port, advertised),
         history_url=history_url,
+        transactions_in_flight=transactions_in_flight,
     )
     print(
         f"coordinator {settings.instance_id}: REST at http://{rest_host}:{rest_port} "

@@ -137,6 +137,7 @@ from services.coordinator.writer import (
     OutcomeUnknown,
     PartitionWriter,
     Tombstone,
+    TransactionTurns,
 )
 from services.overrides.store import OverrideStore
 
@@ -178,6 +179,9 @@ class ServiceSettings:
     history_url: str | None = None
     """The history service (`sparkpoint history`): checkpoint statistics from before this
     instance owned a job are added from it (`services.coordinator.earlier`)."""
+    transactions_in_flight: int = 1
+    """How many of this instance's partition writers may have a transaction open at once
+    (`services.coordinator.writer.TransactionTurns`)."""
 
     def roots(self) -> list[str]:
         """The storage roots: every path the coordinator writes or deletes lies inside one."""
@@ -194,6 +198,8 @@ class CoordinatorService:
         self.requests: dict[str, TriggerRequest] = {}
         self.ended: dict[str, OwnedJob] = {}
         self.writers: dict[int, PartitionWriter] = {}
+        self.turns = TransactionTurns(settings.transactions_in_flight)
+        """Shared by this instance's partition writers: how many transactions are open at once."""
         self.epochs: dict[int, int] = {}
         self.malformed = 0
         self.timers = TimerQueue()
@@ -341,7 +347,7 @@ class CoordinatorService:
         writers = {}
         for partition in owned:
             writers[partition] = PartitionWriter(
-                self.settings.bootstrap, partition, self.codec, self._on_fenced
+                self.settings.bootstrap, partition, self.codec, self._on_fenced, self.turns
             )
         overrides, stores = self._replay(owned)
         ends, ack_starts = self._end_offsets(owned)

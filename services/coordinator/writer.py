@@ -3,10 +3,19 @@
 job's partition; batches queued meanwhile are committed together (group commit). The fixed
 ``transactional.id`` per partition fences a previous owner: once a new owner initialised it, the
 old one's commits fail as fenced and it stops speaking for those jobs.
+
+An instance's writers take turns (`TransactionTurns`): by default one transaction is open at a
+time, and a writer waiting for its turn takes everything queued meanwhile into it. On the
+embedded broker concurrent transactions slow each other down far more than they overlap: twelve
+producers committing 20 transactions a second each took 24.8 ms p50 a transaction when all could
+be open at once, 3.1 ms one at a time (and 5.2 ms two at a time). ``sparkpoint coordinator
+--transactions-in-flight`` raises the limit for a broker that serves concurrent transactions
+well.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -71,6 +80,35 @@ TRANSACTION_TIMEOUT_S = 10.0
 """Beginning, producing and committing one batch; longer means the broker is in trouble."""
 
 
+class TransactionTurns:
+    """How many of an instance's partition writers may have a transaction open at once; the
+    others wait in the order they asked, and each takes everything queued meanwhile into its
+    transaction when its turn comes."""
+
+    def __init__(self, slots: int) -> None:
+        if slots < 1:
+            raise ValueError("transactions in flight must be at least 1")
+        self._lock = threading.Lock()
+        self._free = slots
+        self._waiting: collections.deque[threading.Event] = collections.deque()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._free and not self._waiting:
+                self._free -= 1
+                return
+            turn = threading.Event()
+            self._waiting.append(turn)
+        turn.wait()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            if self._waiting:
+                self._waiting.popleft().set()  # the slot passes straight to the next in line
+            else:
+                self._free += 1
+
+
 @dataclass(frozen=True)
 class Tombstone:
     """Delete the job's record on a compacted topic (published with the job's other events)."""
@@ -104,8 +142,10 @@ class PartitionWriter:
         partition: int,
         codec: EventCodec,
         on_fenced: Callable[[PartitionWriter], None],
+        turns: TransactionTurns | None = None,
     ) -> None:
         self.partition = partition
+        self.turns = turns or TransactionTurns(1)
         self.codec = codec
         self.on_fenced = on_fenced
         self.transactional_id = f"{topic_prefix()}coordinator-p{partition}"
@@ -152,21 +192,27 @@ class PartitionWriter:
             first = self._queue.get()
             if first is None:
                 return
-            batch = [first]
-            closing = False
-            # Group commit: everything queued meanwhile goes into the same transaction, in order.
-            while len(batch) < MAX_BATCH:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    closing = True
-                    break
-                batch.append(item)
-            self._commit_batch(batch)
+            with self.turns:
+                closing = self._drain_and_commit(first)
             if closing:
                 return
+
+    def _drain_and_commit(self, first: tuple[str, list[Event | Tombstone], Done]) -> bool:
+        """Commits ``first`` and what queued behind it (true when close() came among them)."""
+        batch = [first]
+        closing = False
+        # Group commit: everything queued meanwhile goes into the same transaction, in order.
+        while len(batch) < MAX_BATCH:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                closing = True
+                break
+            batch.append(item)
+        self._commit_batch(batch)
+        return closing
 
     def _commit_batch(self, batch: list[tuple[str, list[Event | Tombstone], Done]]) -> None:
         if not self.alive:

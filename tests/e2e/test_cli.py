@@ -102,6 +102,13 @@ def test_bad_usage_exits_2() -> None:
     assert "--partitions" in result.stderr
 
 
+def test_a_coordinator_with_no_transaction_in_flight_is_refused() -> None:
+    result = sparkpoint("coordinator", "--transactions-in-flight", "0", timeout=30)
+
+    assert result.returncode == 2
+    assert "--transactions-in-flight" in result.stderr
+
+
 @pytest.mark.parametrize("command", ["coordinator", "demo"])
 def test_a_flink_web_ui_that_holds_no_dashboard_is_refused_before_anything_starts(
     command: str, tmp_path: Path
