@@ -60,8 +60,8 @@ def storage_dir(explicit: str | None = None) -> Path:
     ``_metadata`` per checkpoint and retention deletes them a second later. This machine's disk
     is ext4 without a journal, where allocating an inode first skips every inode freed in the
     last few seconds (``recently_deleted``, one inode-table lookup each): at 1,000 checkpoints a
-    second over 1,000 job directories that costs hundreds of microseconds of kernel time per
-    checkpoint, most of the coordinator's file work (`file_system_cost` measures it). Agents on
+    second over 1,000 job directories that costs up to a few hundred microseconds of kernel time
+    per checkpoint, most of the coordinator's file work (`file_system_cost` measures it). Agents on
     real deployments create their checkpoint directories themselves, on a shared file system or
     an object store; memory keeps the benchmark about the coordinator."""
     if explicit:
