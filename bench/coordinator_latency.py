@@ -168,6 +168,7 @@ def fleet_agent(
 
 def scenario(
     bootstrap: str,
+    storage: Path,
     name: str,
     jobs: int,
     subtasks: int,
@@ -179,7 +180,7 @@ def scenario(
 
     prefix = f"b{uuid.uuid4().hex[:8]}."
     os.environ["SPARKPOINT_TOPIC_PREFIX"] = prefix
-    root = Path(tempfile.mkdtemp(prefix="sparkpoint-bench-", dir=STORAGE))
+    root = Path(tempfile.mkdtemp(prefix="sparkpoint-bench-", dir=storage))
     service = start_coordinator(bootstrap, root, PARTITIONS)
     trace = service.trace = StepTrace()
     job_ids = [f"bench-{uuid.uuid4().hex[:6]}-{j}" for j in range(jobs)]
@@ -336,12 +337,7 @@ def guarantee_cost(bootstrap: str, rounds: int = 300) -> dict[str, object]:
     return {"transaction_ms": transaction, "idempotent_produce_ms": idempotent}
 
 
-STORAGE = Path(tempfile.gettempdir())
-"""Where the scenarios' checkpoint roots go (`recording.storage_dir`; set by `main`)."""
-
-
 def main() -> None:
-    global STORAGE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=1000, help="jobs of the many-jobs run")
     parser.add_argument("--seconds", type=float, default=30, help="measured seconds per run")
@@ -355,18 +351,19 @@ def main() -> None:
     from services.common.broker import EmbeddedBroker
     from services.coordinator.main import tune_collector
 
-    STORAGE = Path(
+    storage = Path(
         tempfile.mkdtemp(prefix="sparkpoint-latency-", dir=storage_dir(args.storage_dir))
     )
     tune_collector()  # as `sparkpoint coordinator` does; the service runs in this process
     print(
         "coordinator latency on the embedded broker, agents acknowledging at once; "
-        f"checkpoint roots in {STORAGE.parent}"
+        f"checkpoint roots in {storage.parent}"
     )
     with EmbeddedBroker() as broker:
-        one_job = scenario(broker.bootstrap, "1 job x 8 subtasks @ 200 ms", 1, 8, 200, 20)
+        one_job = scenario(broker.bootstrap, storage, "1 job x 8 subtasks @ 200 ms", 1, 8, 200, 20)
         many = scenario(
             broker.bootstrap,
+            storage,
             f"{args.jobs} jobs x 4 subtasks @ 1 s",
             args.jobs,
             4,
@@ -375,10 +372,10 @@ def main() -> None:
             args.cprofile,
         )
         guarantee = guarantee_cost(broker.bootstrap)
-    shutil.rmtree(STORAGE, ignore_errors=True)
+    shutil.rmtree(storage, ignore_errors=True)
     results = {
         "benchmark": "coordinator_latency",
-        "storage": str(STORAGE.parent),
+        "storage": str(storage.parent),
         "guarantee_cost": guarantee,
         "one_job_8_subtasks": one_job,
         f"{args.jobs}_jobs_4_subtasks": many,

@@ -65,12 +65,10 @@ def storage_dir(explicit: str | None = None) -> Path:
     real deployments create their checkpoint directories themselves, on a shared file system or
     an object store; memory keeps the benchmark about the coordinator."""
     if explicit:
-        path = Path(explicit)
-    elif os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
-        path = Path("/dev/shm")
-    else:
-        path = Path(tempfile.gettempdir())
-    return path
+        return Path(explicit)
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return Path("/dev/shm")
+    return Path(tempfile.gettempdir())
 
 
 def file_system_cost(directory: Path, jobs: int = 1000, rounds: int = 10) -> float:

@@ -64,7 +64,6 @@ class FileWork:
         self,
         storage: Storage,
         post: Callable[[Callable[[], None]], None],
-        threads: int | None = None,
     ) -> None:
         self.storage = storage
         self._post = post
@@ -73,7 +72,7 @@ class FileWork:
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, name=f"sparkpoint-files-{i}", daemon=True)
-            for i in range(threads_for(storage) if threads is None else threads)
+            for i in range(threads_for(storage))
         ]
         for thread in self._threads:
             thread.start()

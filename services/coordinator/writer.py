@@ -142,10 +142,10 @@ class PartitionWriter:
         partition: int,
         codec: EventCodec,
         on_fenced: Callable[[PartitionWriter], None],
-        turns: TransactionTurns | None = None,
+        turns: TransactionTurns,
     ) -> None:
         self.partition = partition
-        self.turns = turns or TransactionTurns(1)
+        self.turns = turns
         self.codec = codec
         self.on_fenced = on_fenced
         self.transactional_id = f"{topic_prefix()}coordinator-p{partition}"
