@@ -5,16 +5,27 @@ rescale chain 1 -> 10 -> 1 -> 10."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
 
 from services.agent import channel_state
 from services.agent.channels import Channel, Segment
-from services.agent.recovery import ChannelRecovery, FilterResult, FilterTask, filter_restored
+from services.agent.recovery import (
+    ChannelRecovery,
+    FilterResult,
+    FilterTask,
+    ReadAhead,
+    filter_restored,
+)
 from services.agent.runtime import check_during_recovery
 from services.agent.stages import KEY_GROUP_COLUMN, from_ipc, to_ipc
 from services.common.keygroups import key_group_range, key_groups
@@ -390,3 +401,65 @@ def test_a_filter_task_that_fails_reports_its_own_error_and_puts_nothing(
 
         fs = fsspec.filesystem("memory")
         assert not fs.exists(f"/broken-{tmp_path.name}")
+
+
+def in_page_cache(path: Path) -> bool:
+    """Whether every page of the file is in the page cache: ``mincore`` of a mapping never
+    touched (a read, even one that may not wait, starts the kernel's read-ahead)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+        pages = (len(mapped) + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vector = ctypes.create_string_buffer(pages)
+        view = np.frombuffer(mapped, dtype=np.uint8)
+        assert libc.mincore(ctypes.c_void_p(view.ctypes.data), len(mapped), vector) == 0
+        del view  # the mapping closes only once nothing points into it
+        return all(b & 1 for b in vector.raw)
+
+
+def test_a_filter_task_asks_the_disk_for_the_files_ahead_of_the_one_it_splits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before each restored file is read, the files after it are requested from the disk up to
+    the read-ahead bytes (the kernel reads them while the task splits): requested ones end up
+    in the page cache without being read, the others are not asked for yet."""
+    segments, files = restored_files(tmp_path / "run0")
+    paths = [Path(f.path) for f in files]
+    for path in paths:  # out of the page cache, as restored state mostly is
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    assert not any(map(in_page_cache, paths)), "the files start out of the page cache"
+    monkeypatch.setattr("services.agent.recovery.READ_AHEAD_BYTES", 2 * segments[0].size - 1)
+
+    ahead = ReadAhead([str(p) for p in paths] + [str(tmp_path / "gone.arrow")])
+    ahead.before(0)
+    assert ahead.requested == 3, "the file about to be read and two ahead of it"
+    deadline = time.monotonic() + 5
+    while not all(map(in_page_cache, paths[:3])) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [in_page_cache(p) for p in paths] == [True, True, True, False, False]
+    ahead.before(1)
+    assert ahead.requested == 4
+    ahead.before(4)
+    ahead.before(5)  # a file that is gone is left to the read to report
+    assert ahead.requested == 6
+    assert ReadAhead(["s3://bucket/a.arrow"]).paths == [], "an object store has no page cache"
+
+
+def test_a_restored_file_all_within_one_new_subtask_goes_to_it_whole(tmp_path: Path) -> None:
+    """A restored file whose rows all belong to one new subtask (its key groups were that
+    subtask's, but it was tagged with the old wider range) is not filtered: that subtask gets
+    every row, in order, and no other subtask gets a file."""
+    frame = pd.DataFrame({"user": [f"u{n}" for n in range(4_000)], "amount": range(4_000)})
+    frame[KEY_GROUP_COLUMN] = key_groups(frame["user"].to_numpy(), MAX_PARALLELISM)
+    frame = frame[frame[KEY_GROUP_COLUMN] >= 64].reset_index(drop=True)  # new subtask 1's
+    source = tmp_path / "old.arrow"
+    source.write_bytes(to_ipc(frame))
+    task = FilterTask(1, [(str(source), (0, 127))], MAX_PARALLELISM, 2, str(tmp_path / "ch"), "r")
+    result = filter_restored(task)
+    assert set(result.outputs) == {1}
+    name, rows, _ = result.outputs[1]
+    assert rows == len(frame)
+    assert from_ipc(str(tmp_path / "ch" / name))["amount"].tolist() == frame["amount"].tolist()
