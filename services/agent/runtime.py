@@ -136,8 +136,8 @@ dropped) before cancelling them: a cancelled Spark task takes its Python worker 
 the restarted job's first round would pay ~1.3 s here for new workers."""
 
 FILTER_ORDER_WAIT_S = 5.0
-"""How long a filter job waits for the one submitted before it to reach Spark (building and
-shipping a job takes milliseconds; the wait only orders them)."""
+"""How long a filter job waits for the one submitted before it to reach Spark's scheduler
+(building and shipping a job takes milliseconds; the wait only orders them)."""
 
 MAX_STACKTRACE = 64 * 1024
 """The end of a failure's traceback that travels with RESTARTING and FAILED (the cause is last)."""
@@ -261,7 +261,7 @@ class Agent(SubtaskCheckpointing):
         self.stage1 = ThreadPoolExecutor(1, thread_name_prefix="stage-1")
         self.filters = ThreadPoolExecutor(2, thread_name_prefix="filter")
         """The filter jobs of restored channel state, submitted together (`recovery`)."""
-        self._filter_submitted: threading.Event | None = None
+        self._filter_submitted: FilterJob | None = None
         self._fetching: Future[list[FetchResult]] | None = None
         self.stage2 = ThreadPoolExecutor(1, thread_name_prefix="stage-2")
         self._processing: Future[list[ProcessResult]] | None = None
@@ -638,22 +638,24 @@ class Agent(SubtaskCheckpointing):
     def _submit_filter(self, tasks: list[FilterTask]) -> Future[list[FilterResult]]:
         """Runs a filter job on a thread of its own; jobs reach Spark in the order submitted
         (the recovery pool is FIFO: the first job's tasks take the first free core)."""
-        after, submitted = self._filter_submitted, threading.Event()
-        self._filter_submitted = submitted
-        return self.filters.submit(self._run_filter, tasks, after, submitted)
+        after, this = self._filter_submitted, FilterJob()
+        self._filter_submitted = this
+        return self.filters.submit(self._run_filter, tasks, after, this)
 
     def _run_filter(
-        self, tasks: list[FilterTask], after: threading.Event | None, submitted: threading.Event
+        self, tasks: list[FilterTask], after: FilterJob | None, this: FilterJob
     ) -> list[FilterResult]:
-        if after is not None:
-            after.wait(FILTER_ORDER_WAIT_S)
         try:
             sc = self._spark().sparkContext
+            if after is not None:
+                after.wait_scheduled(sc, FILTER_ORDER_WAIT_S)
             sc.setLocalProperty("spark.scheduler.pool", "recovery")  # shares cores with stage 2
-            self.traffic.start_job(sc, f"{self.job_id} filter restored channel state", tasks)
+            this.group = self.traffic.start_job(
+                sc, f"{self.job_id} filter restored channel state", tasks
+            )
             job = sc.parallelize(tasks, len(tasks)).map(filter_restored)
         finally:
-            submitted.set()  # the next job is built meanwhile: this one is submitted first
+            this.built.set()
         return job.collect()  # type: ignore[no-any-return]
 
     def _run_sink(self, work: Callable[[Any], int], tasks: list[Any]) -> list[int]:
@@ -1077,6 +1079,29 @@ class Agent(SubtaskCheckpointing):
         self._announce(status)
         self.status = status
         return True
+
+
+@dataclass
+class FilterJob:
+    """A filter job on its way to Spark: the next one is submitted only once this one's tasks
+    are queued (the recovery pool is FIFO by job, so its tasks then take the first free core).
+    Setting an event before ``collect`` did not order them: both threads then raced to the
+    scheduler, and the job splitting each subtask's first rows sometimes ran last."""
+
+    built: threading.Event = field(default_factory=threading.Event)
+    group: str | None = None
+    """Its Spark job group, once built."""
+
+    def wait_scheduled(self, sc: Any, timeout_s: float) -> None:
+        """Returns once Spark's scheduler has the job (its status tracker lists it; the
+        scheduler handles one submission at a time, so a job submitted after this one is
+        queued after it), or after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        if not self.built.wait(timeout_s) or self.group is None:
+            return  # building it failed: its own thread reports that
+        tracker = sc.statusTracker()
+        while not tracker.getJobIdsForGroup(self.group) and time.monotonic() < deadline:
+            time.sleep(0.002)
 
 
 def check_during_recovery(config: CheckpointConfig) -> None:

@@ -30,9 +30,9 @@ class DriverTraffic:
         self._pending: list[str] = []
         self._lock = threading.Lock()
 
-    def start_job(self, sc: Any, description: str, tasks: object) -> None:
-        """Tags the Spark job the calling thread runs next (a job group of its own) and counts
-        the tasks it ships."""
+    def start_job(self, sc: Any, description: str, tasks: object) -> str:
+        """Tags the Spark job the calling thread runs next (a job group of its own, returned) and
+        counts the tasks it ships."""
         size = len(pickle.dumps(tasks, protocol=pickle.HIGHEST_PROTOCOL))
         with self._lock:
             self._jobs += 1
@@ -43,6 +43,7 @@ class DriverTraffic:
         sc.setJobGroup(group, description)
         if due:
             self.settle(sc)
+        return group
 
     def cancel_open(self, sc: Any) -> None:
         """Cancels the Spark jobs of every group not yet settled (finished ones ignore it): a

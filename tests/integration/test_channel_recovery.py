@@ -8,9 +8,12 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import threading
 import time
+import uuid
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,7 +29,7 @@ from services.agent.recovery import (
     ReadAhead,
     filter_restored,
 )
-from services.agent.runtime import check_during_recovery
+from services.agent.runtime import FilterJob, check_during_recovery
 from services.agent.stages import KEY_GROUP_COLUMN, from_ipc, to_ipc
 from services.common.keygroups import key_group_range, key_groups
 from services.common.settings import CheckpointConfig, ConfigError
@@ -463,3 +466,37 @@ def test_a_restored_file_all_within_one_new_subtask_goes_to_it_whole(tmp_path: P
     name, rows, _ = result.outputs[1]
     assert rows == len(frame)
     assert from_ipc(str(tmp_path / "ch" / name))["amount"].tolist() == frame["amount"].tolist()
+
+
+def test_a_filter_job_reaches_spark_only_after_the_one_submitted_before_it(spark: Any) -> None:
+    """The job splitting each subtask's first rows is submitted first and must run first: the
+    next job waits until Spark's scheduler has it, not merely until it was built. Here the
+    first job's thread is slow between building its job and submitting it; the second job
+    still gets the higher job id (the recovery pool runs jobs in that order)."""
+    sc = spark.sparkContext
+    first, second = FilterJob(), FilterJob()
+    groups = [f"order-{uuid.uuid4().hex[:8]}-{n}" for n in (1, 2)]
+
+    def run(job: FilterJob, after: FilterJob | None, group: str, pause_s: float) -> None:
+        if after is not None:
+            after.wait_scheduled(sc, 10.0)
+        sc.setLocalProperty("spark.scheduler.pool", "recovery")
+        sc.setJobGroup(group, group)
+        job.group = group
+        rdd = sc.parallelize([1], 1).map(lambda n: n)
+        job.built.set()
+        time.sleep(pause_s)  # built, not yet submitted
+        rdd.collect()
+
+    threads = [
+        threading.Thread(target=run, args=(first, None, groups[0], 0.5)),
+        threading.Thread(target=run, args=(second, first, groups[1], 0.0)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    tracker = sc.statusTracker()
+    ids = [tracker.getJobIdsForGroup(group) for group in groups]
+    assert all(ids), ids
+    assert max(ids[0]) < min(ids[1]), f"the first job was submitted first: {ids}"
