@@ -276,7 +276,10 @@ class ChannelRecovery:
     read_bytes: int = 0
     filter_started: float | None = None
     filter_ended: float | None = None
-    """Monotonic times of the first filter job's submission and of the last one's result."""
+    """Monotonic times of the first filter job's submission and of the last one's result (when
+    it arrived, not when the loop applied it: the loop may still be registering)."""
+    result_arrived: float | None = None
+    """When the newest filter job's result arrived."""
 
     @classmethod
     def adopt(
@@ -454,7 +457,7 @@ class ChannelRecovery:
                 self._split(result, channels)
             changed = True
             if not self.batches:
-                self.filter_ended = time.monotonic()
+                self.filter_ended = self.result_arrived or time.monotonic()
                 log.info(
                     "checkpoint %d's channel state filtered: %d rows kept of %d bytes read, %d "
                     "segments spilled while channels were full; checkpoints are taken from now on",
@@ -467,12 +470,21 @@ class ChannelRecovery:
             # starts early; the second all the rest (one Spark job's fixed cost, not one per
             # batch), on the cores the first leaves, not after it
             self.filter_started = time.monotonic()
+            log.info(
+                "checkpoint %d's channel state: splitting %d runs of restored files (%.1f MB)",
+                self.checkpoint_id, len(self.batches), sum(b.size for b in self.batches) / 2**20,
+            )  # fmt: skip
             for first in (True, False):
                 tasks = self.next_filters(channel_dir, max_parallelism, len(channels), first)
                 if tasks:
-                    self.futures.append(submit(tasks))
+                    future = submit(tasks)
+                    future.add_done_callback(self._arrived)
+                    self.futures.append(future)
             changed = True
         return changed
+
+    def _arrived(self, _: Future[list[FilterResult]]) -> None:
+        self.result_arrived = time.monotonic()
 
     def _split(self, result: FilterResult, channels: list[Channel]) -> None:
         batch = next(b for b in self.batches if b.number == result.batch)

@@ -222,6 +222,10 @@ def test_a_checkpoint_during_recovery_after_a_rescale_persists_only_owned_rows_a
     )  # fmt: skip
     assert killed(second), second.stderr[-3000:]
     assert "split by owner first" in second.stderr, "the rescale split restored files"
+    splitting = second.stderr.index("runs of restored files")
+    assert splitting < second.stderr.index("registration accepted"), (
+        "the split starts while the coordinator answers the registration"
+    )
     assert "checkpoints are taken from now on" in second.stderr, "the split ended"
     assert re.search(r"checkpoint \d+ completed during recovery", second.stderr), second.stderr[
         -3000:
