@@ -19,6 +19,8 @@
 3. **Inflation across rescales 1 -> 10 -> 1 -> 10**, a checkpoint during each recovery, with the
    agent's own functions (filter, admit, persist, read back) on the 100 MB state, without Spark:
    rows and bytes persisted against the original in-flight records.
+4. **A split from an object store**: one filter task over 64 MB of restored files on moto's S3
+   server, the next files fetched ahead and one at a time.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from services.common.broker import EmbeddedBroker
 from services.common.events import SnapshotType, StateHandle, StateHandleKind
 from services.common.keygroups import key_group_range, key_groups
 from services.common.metadata import Handle, SnapshotMetadata, SubtaskState
+from tests.s3_server import start_s3_server
 
 MB = 1024 * 1024
 SIZES_MB = (10, 100, 1024)
@@ -228,6 +231,49 @@ def inflation(root: Path, path: str) -> dict[str, object]:
     }
 
 
+OBJECT_STORE_MB = 64
+"""Restored bytes split from an object store (moto's S3 server) by one filter task."""
+
+
+def object_store_split(data: bytes) -> dict[str, float]:
+    """One filter task over `OBJECT_STORE_MB` of restored files on moto's S3 server, with the
+    next files fetched ahead (four at a time) and one at a time: restored MB/s each."""
+    from services.agent import recovery
+
+    s3 = start_s3_server()
+    saved = {k: os.environ.get(k) for k in s3.environment()}
+    os.environ.update(s3.environment())
+    try:
+        import s3fs
+
+        bucket = s3.bucket()
+        paths = [f"{bucket}/chk-1/f{k:05d}.arrow" for k in range(OBJECT_STORE_MB * MB // len(data))]
+        s3fs.S3FileSystem(skip_instance_cache=True).pipe({p: data for p in paths})
+        rates = {}
+        for name, ahead, threads in (("one_at_a_time", 0, 1), ("ahead", 8, 4)):
+            recovery.FETCHES_AHEAD, recovery.FETCH_THREADS = ahead, threads
+            channel_dir = tempfile.mkdtemp(prefix="sparkpoint-bench-split-")
+            task = FilterTask(
+                1, [(p, (0, 127)) for p in paths], MAX_PARALLELISM, 2, channel_dir, "r"
+            )
+            started = time.monotonic()
+            result = filter_restored(task)
+            rates[f"{name}_mb_s"] = round(result.read_bytes / MB / (time.monotonic() - started), 1)
+            shutil.rmtree(channel_dir)
+        return rates
+    finally:
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()  # bound to this server's endpoint
+        recovery.FETCHES_AHEAD, recovery.FETCH_THREADS = 8, 4
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        s3.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=",".join(map(str, SIZES_MB)), help="MB, comma-separated")
@@ -273,6 +319,8 @@ def main() -> None:
         root, in_flight_checkpoint(root, "chain", min(100, max(sizes)), data, rows)[0]
     )
     shutil.rmtree(root, ignore_errors=True)
+    store = object_store_split(data)
+    print("object store:", store, flush=True)
     firsts = [float(r["during_recovery"]["first_checkpoint_s"]) for r in runs.values()]  # type: ignore[index]
     floors = [
         float(r["during_recovery"].get("first_checkpoint_floor_s", 0))  # type: ignore[attr-defined]
@@ -286,6 +334,7 @@ def main() -> None:
         "first_checkpoint_spread": round(max(firsts) / min(firsts), 2),
         "first_checkpoint_spread_floor": round(max(floors) / min(firsts), 2),
         "inflation": chain,
+        "object_store_split": store,
     }
     print(results)
     print(f"wrote {write_results('recovery', results)}")

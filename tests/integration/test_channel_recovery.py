@@ -31,6 +31,7 @@ from services.agent.recovery import (
 )
 from services.agent.runtime import FilterJob, check_during_recovery
 from services.agent.stages import KEY_GROUP_COLUMN, from_ipc, to_ipc
+from services.agent.state import write_file
 from services.common.keygroups import key_group_range, key_groups
 from services.common.settings import CheckpointConfig, ConfigError
 
@@ -437,18 +438,65 @@ def test_a_filter_task_asks_the_disk_for_the_files_ahead_of_the_one_it_splits(
     monkeypatch.setattr("services.agent.recovery.READ_AHEAD_BYTES", 2 * segments[0].size - 1)
 
     ahead = ReadAhead([str(p) for p in paths] + [str(tmp_path / "gone.arrow")])
-    ahead.before(0)
-    assert ahead.requested == 3, "the file about to be read and two ahead of it"
+    table, _ = ahead.read(0)
+    assert table.num_rows == segments[0].rows
+    assert ahead.requested == 3, "the file read and two ahead of it"
     deadline = time.monotonic() + 5
     while not all(map(in_page_cache, paths[:3])) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert [in_page_cache(p) for p in paths] == [True, True, True, False, False]
-    ahead.before(1)
+    ahead.read(1)
     assert ahead.requested == 4
-    ahead.before(4)
-    ahead.before(5)  # a file that is gone is left to the read to report
-    assert ahead.requested == 6
-    assert ReadAhead(["s3://bucket/a.arrow"]).paths == [], "an object store has no page cache"
+    for k in (2, 3, 4):
+        ahead.read(k)
+    assert ahead.requested == 6, "a file that is gone is asked for, and left to its read"
+    with pytest.raises(FileNotFoundError):
+        ahead.read(5)
+
+
+def test_a_filter_task_fetches_the_files_ahead_from_an_object_store_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restored files on an object store (fsspec's memory file system here): the next ones are
+    fetched while one is split, several at once, no more than the fetches ahead, and the split
+    is the same as from local files."""
+    from services.agent.state import read_file
+
+    segments, files = restored_files(tmp_path / "run0")
+    remote = [f"memory://ahead-{tmp_path.name}/{Path(f.path).name}" for f in files]
+    for path, state_file in zip(remote, files, strict=True):
+        write_file(path, Path(state_file.path).read_bytes())
+    monkeypatch.setattr("services.agent.recovery.FETCHES_AHEAD", 2)
+    together = threading.Barrier(2, timeout=10)
+    fetched: list[str] = []
+
+    def fetch(path: str) -> bytes:
+        fetched.append(path)
+        if path in remote[:2]:
+            together.wait()  # the first two are under way at the same time, or this breaks
+        return read_file(path)
+
+    monkeypatch.setattr("services.agent.recovery.read_file", fetch)
+    with ReadAhead(remote) as ahead:
+        table, size = ahead.read(0)
+        assert (table.num_rows, size) == (segments[0].rows, segments[0].size)
+        assert ahead.requested == 3, "the file read and two ahead of it"
+        ahead.read(1)
+        assert ahead.requested == 4
+    assert set(fetched) <= set(remote[:4])
+
+    channel_dir = tmp_path / "run1"
+    split = {}
+    for paths in (remote, [f.path for f in files]):
+        task = FilterTask(
+            1, [(p, (0, 127)) for p in paths], MAX_PARALLELISM, 2, str(channel_dir), "r"
+        )
+        result = filter_restored(task)
+        split[paths[0]] = {
+            subtask: from_ipc(str(channel_dir / name)).to_dict("list")
+            for subtask, (name, _, _) in result.outputs.items()
+        }
+    assert split[remote[0]] == split[files[0].path], "the same split as from local files"
 
 
 def test_a_restored_file_all_within_one_new_subtask_goes_to_it_whole(tmp_path: Path) -> None:
