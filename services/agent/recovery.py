@@ -148,8 +148,9 @@ class ReadAhead:
     while the task splits the one in hand. Restored channel state is read once, so without
     this every read waits with the core idle.
 
-    - **Local files:** the kernel is asked to read `READ_AHEAD_BYTES` beyond the file being
-      read (``posix_fadvise(WILLNEED)``: queued, nothing waits for it). One 256 MB task from a
+    - **Local files:** the kernel is asked to read the files after the one being read until
+      at least `READ_AHEAD_BYTES` are asked for (``posix_fadvise(WILLNEED)``: queued, nothing
+      waits for it). One 256 MB task from a
       cold page cache: 0.73 -> 0.42 s on this machine.
     - **An object store:** the next `FETCHES_AHEAD` files are fetched, `FETCH_THREADS` at a
       time, and held until their turn. Each GET waits for the store's latency; fetched one
@@ -211,7 +212,8 @@ class ReadAhead:
         except OSError:
             return 0  # reading it reports the failure
         try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            with contextlib.suppress(OSError, AttributeError):  # advice only (none on macOS)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
             return os.fstat(fd).st_size
         finally:
             os.close(fd)
@@ -325,8 +327,10 @@ class ChannelRecovery:
     filter_ended: float | None = None
     """Monotonic times of the first filter job's submission and of the last one's result (when
     it arrived, not when the loop applied it: the loop may still be registering)."""
-    result_arrived: float | None = None
-    """When the newest filter job's result arrived."""
+    arrivals: dict[int, float] = field(default_factory=dict)
+    """Filter job (by its future's id) -> when its result arrived."""
+    last_arrival: float | None = None
+    """When the newest result the loop applied had arrived."""
 
     @classmethod
     def adopt(
@@ -500,11 +504,14 @@ class ChannelRecovery:
         changed = False
         for future in [f for f in self.futures if f.done()]:
             self.futures.remove(future)
+            # a done future may not have run its callback yet: then it arrived just now
+            arrived = self.arrivals.pop(id(future), time.monotonic())
+            self.last_arrival = max(self.last_arrival or arrived, arrived)
             for result in future.result():  # a failure fails the job here
                 self._split(result, channels)
             changed = True
             if not self.batches:
-                self.filter_ended = self.result_arrived or time.monotonic()
+                self.filter_ended = self.last_arrival
                 log.info(
                     "checkpoint %d's channel state filtered: %d rows kept of %d bytes read, %d "
                     "segments spilled while channels were full; checkpoints are taken from now on",
@@ -530,8 +537,8 @@ class ChannelRecovery:
             changed = True
         return changed
 
-    def _arrived(self, _: Future[list[FilterResult]]) -> None:
-        self.result_arrived = time.monotonic()
+    def _arrived(self, future: Future[list[FilterResult]]) -> None:
+        self.arrivals[id(future)] = time.monotonic()
 
     def _split(self, result: FilterResult, channels: list[Channel]) -> None:
         batch = next(b for b in self.batches if b.number == result.batch)

@@ -32,7 +32,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,6 +262,8 @@ class Agent(SubtaskCheckpointing):
         self.filters = ThreadPoolExecutor(2, thread_name_prefix="filter")
         """The filter jobs of restored channel state, submitted together (`recovery`)."""
         self._filter_submitted: FilterJob | None = None
+        self._filters_cancelled = threading.Event()
+        """Set when the attempt ends: a filter job not yet submitted to Spark is not submitted."""
         self._fetching: Future[list[FetchResult]] | None = None
         self.stage2 = ThreadPoolExecutor(1, thread_name_prefix="stage-2")
         self._processing: Future[list[ProcessResult]] | None = None
@@ -449,6 +451,7 @@ class Agent(SubtaskCheckpointing):
 
     def _close(self) -> None:
         self.membership.stop_heartbeats()
+        self._filters_cancelled.set()
         if self.restoring.futures and self.spark is not None:
             with contextlib.suppress(Exception):  # a split of restored channel state: redone
                 self.traffic.cancel_open(self.spark.sparkContext)  # by the next restore
@@ -485,6 +488,7 @@ class Agent(SubtaskCheckpointing):
     def _reset(self) -> None:
         """After a failure: completed epochs made visible where possible (the restore publishes
         the rest), a sink that may have failed renewed, sources and channels let go."""
+        self._filters_cancelled.set()
         in_flight: list[Future[Any]] = [
             f for f in (self._fetching, self._processing) if f is not None
         ] + self.restoring.futures
@@ -499,6 +503,7 @@ class Agent(SubtaskCheckpointing):
         self._round = None
         self.restoring = ChannelRecovery()
         self._filter_submitted = None
+        self._filters_cancelled = threading.Event()
         remove_tree(self.channel_dir)
         try:
             self.committer.drain()
@@ -536,7 +541,9 @@ class Agent(SubtaskCheckpointing):
 
     def _start(self, restore: str | None, attempt: int) -> None:
         """Reads what it restores, starts Spark, registers, and only once the coordinator
-        accepted this agent touches storage or sinks (a refused agent changes nothing)."""
+        accepted this agent touches storage or sinks (a refused agent changes nothing). Before
+        registering it may start splitting restored channel state into its local channel
+        directory (`recovery`): that directory is its own and goes when it closes."""
         started = time.monotonic()
         if restore == AFTER_REGISTERING:
             # a restart: the next attempt registers first. From then on the coordinator hears
@@ -564,10 +571,12 @@ class Agent(SubtaskCheckpointing):
         self.source.start(restored.positions if restored else None)
         if restored is not None and restored.channel_state:
             self._adopt_channel_state(restored)
-            # the split of restored channel state starts now, while the coordinator answers the
-            # registration (0.06-1 s measured): it writes only to this agent's own channel
-            # directory, and a refused agent cancels it and removes that at close
-            self._recover_channels()
+            if local_path(self.channel_dir) is not None and not restored.end_of_input:
+                # the split of restored channel state starts now, while the coordinator answers
+                # the registration (0.06-1 s measured): it writes only this agent's local channel
+                # directory, which a refused agent removes at close with the split cancelled.
+                # Channels on shared storage wait for the registration.
+                self._recover_channels()
         self.pending: dict[int, PendingSnapshot] = {}
         self.orphans: list[Copy] = []
         """Copies of snapshots that will never be acknowledged: their new files go when done."""
@@ -642,7 +651,7 @@ class Agent(SubtaskCheckpointing):
     def _submit_filter(self, tasks: list[FilterTask]) -> Future[list[FilterResult]]:
         """Runs a filter job on a thread of its own; jobs reach Spark in the order submitted
         (the recovery pool is FIFO: the first job's tasks take the first free core)."""
-        after, this = self._filter_submitted, FilterJob()
+        after, this = self._filter_submitted, FilterJob(self._filters_cancelled)
         self._filter_submitted = this
         return self.filters.submit(self._run_filter, tasks, after, this)
 
@@ -653,14 +662,22 @@ class Agent(SubtaskCheckpointing):
             sc = self._spark().sparkContext
             if after is not None:
                 after.wait_scheduled(sc, FILTER_ORDER_WAIT_S)
+            if this.cancelled.is_set():  # the attempt ended while this job waited its turn
+                raise CancelledError("the split of restored channel state was cancelled")
             sc.setLocalProperty("spark.scheduler.pool", "recovery")  # shares cores with stage 2
             this.group = self.traffic.start_job(
                 sc, f"{self.job_id} filter restored channel state", tasks
             )
             job = sc.parallelize(tasks, len(tasks)).map(filter_restored)
+        except BaseException:
+            this.ended.set()
+            raise
         finally:
             this.built.set()
-        return job.collect()  # type: ignore[no-any-return]
+        try:
+            return job.collect()  # type: ignore[no-any-return]
+        finally:
+            this.ended.set()
 
     def _run_sink(self, work: Callable[[Any], int], tasks: list[Any]) -> list[int]:
         """Makes staged sink output visible from executors (`SinkRunner`): a Spark job in the
@@ -1092,19 +1109,29 @@ class FilterJob:
     Setting an event before ``collect`` did not order them: both threads then raced to the
     scheduler, and the job splitting each subtask's first rows sometimes ran last."""
 
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    """The attempt's: set when it ends (`Agent._close`, `Agent._reset`)."""
     built: threading.Event = field(default_factory=threading.Event)
     group: str | None = None
     """Its Spark job group, once built."""
+    ended: threading.Event = field(default_factory=threading.Event)
+    """Its collect returned or raised, or it was never submitted."""
 
     def wait_scheduled(self, sc: Any, timeout_s: float) -> None:
         """Returns once Spark's scheduler has the job (its status tracker lists it; the
         scheduler handles one submission at a time, so a job submitted after this one is
-        queued after it), or after ``timeout_s``."""
+        queued after it), once it ended (failed before it got there, or cancelled), or after
+        ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         if not self.built.wait(timeout_s) or self.group is None:
             return  # building it failed: its own thread reports that
         tracker = sc.statusTracker()
-        while not tracker.getJobIdsForGroup(self.group) and time.monotonic() < deadline:
+        while (
+            not tracker.getJobIdsForGroup(self.group)
+            and not self.ended.is_set()
+            and not self.cancelled.is_set()
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.002)
 
 
