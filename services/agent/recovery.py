@@ -72,7 +72,8 @@ HELD_BATCH_BYTES = 64 * 1024 * 1024
 """The same where the channel storage is not local: a task holds its output until it puts it."""
 
 READ_AHEAD_BYTES = 32 * 1024 * 1024
-"""Restored bytes a filter task keeps requested from a local disk ahead of the file it splits."""
+"""Restored bytes a filter task keeps requested ahead of the file it splits: from a local disk,
+and from an object store where the files' sizes are known (held in memory there)."""
 
 FETCHES_AHEAD = 8
 """Restored files a filter task keeps fetched, or being fetched, from an object store ahead of
@@ -101,6 +102,9 @@ class FilterTask:
     channel_dir: str
     prefix: str
     """Output files are ``<channel_dir>/s<subtask>/<prefix>.arrow``."""
+    sizes: tuple[int, ...] = ()
+    """The restored files' bytes as the snapshot recorded them, when known: they bound what a
+    task fetches ahead from an object store (`ReadAhead`)."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,8 @@ def filter_restored(task: FilterTask) -> FilterResult:
     way while a file is split). A file's owners are counted
     (``bincount``), and a file all of one subtask's is written whole, not filtered."""
     read = 0
-    with ReadAhead([path for path, _ in task.files]) as ahead, SplitOutputs(task) as outputs:
+    paths = [path for path, _ in task.files]
+    with ReadAhead(paths, task.sizes) as ahead, SplitOutputs(task) as outputs:
         for k, (_, (first, last)) in enumerate(task.files):
             table, size = ahead.read(k)
             read += size
@@ -152,17 +157,18 @@ class ReadAhead:
       at least `READ_AHEAD_BYTES` are asked for (``posix_fadvise(WILLNEED)``: queued, nothing
       waits for it). One 256 MB task from a
       cold page cache: 0.73 -> 0.42 s on this machine.
-    - **An object store:** the next `FETCHES_AHEAD` files are fetched, `FETCH_THREADS` at a
-      time, and held until their turn. Each GET waits for the store's latency; fetched one
+    - **An object store:** the next files are fetched, `FETCH_THREADS` at a time, and held
+      until their turn: up to `FETCHES_AHEAD` files, and no more than `READ_AHEAD_BYTES` beyond
+      the one being read where their sizes are known (at least one file). Each GET waits for the store's latency; fetched one
       after another, 1-2 MB files do not fill a connection (moto on this machine: 150 MB/s one
       at a time, 200-250 MB/s four at a time; real S3's latency is higher).
     """
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], sizes: Sequence[int] = ()) -> None:
         self.paths = paths
         local = [p for p in map(local_path, paths) if p is not None]
         self.local = local if len(local) == len(paths) else None
-        self.sizes = [0] * len(paths)
+        self.sizes = list(sizes) if len(sizes) == len(paths) else [0] * len(paths)
         self.requested = 0
         """Files asked for so far: every one before this index."""
         self.fetches: dict[int, Future[bytes]] = {}
@@ -175,9 +181,14 @@ class ReadAhead:
             return read_table(self.paths[k], memory_map=False)  # read once, cold: see read_table
         if self.pool is None:
             self.pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="fetch-restored")
-        for j in range(self.requested, min(k + 1 + FETCHES_AHEAD, len(self.paths))):
-            self.fetches[j] = self.pool.submit(read_file, self.paths[j])
-            self.requested = j + 1
+        ahead = sum(self.sizes[k + 1 : self.requested])
+        while self.requested < min(k + 1 + FETCHES_AHEAD, len(self.paths)) and (
+            self.requested <= k + 1 or ahead < READ_AHEAD_BYTES
+        ):
+            self.fetches[self.requested] = self.pool.submit(read_file, self.paths[self.requested])
+            if self.requested > k:
+                ahead += self.sizes[self.requested]
+            self.requested += 1
         data = self.fetches.pop(k).result()
         return ipc.open_stream(pa.BufferReader(data)).read_all(), len(data)
 
@@ -490,8 +501,11 @@ class ChannelRecovery:
             batch.in_flight = True
             files = [(f.path, f.key_groups) for f in batch.files]
             prefix = f"r{self.checkpoint_id:010d}-{batch.number:06d}"
+            sizes = tuple(f.size for f in batch.files)
             tasks.append(
-                FilterTask(batch.number, files, max_parallelism, parallelism, channel_dir, prefix)
+                FilterTask(
+                    batch.number, files, max_parallelism, parallelism, channel_dir, prefix, sizes
+                )
             )
         return tasks
 

@@ -459,8 +459,9 @@ def test_a_filter_task_fetches_the_files_ahead_from_an_object_store_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Restored files on an object store (fsspec's memory file system here): the next ones are
-    fetched while one is split, several at once, no more than the fetches ahead, and the split
-    is the same as from local files."""
+    fetched while one is split, several at once, no more than the fetches ahead (nor, where
+    the files' sizes are known, than the bytes ahead), and the split is the same as from local
+    files."""
     from services.agent.state import read_file
 
     segments, files = restored_files(tmp_path / "run0")
@@ -485,6 +486,11 @@ def test_a_filter_task_fetches_the_files_ahead_from_an_object_store_together(
         ahead.read(1)
         assert ahead.requested == 4
     assert set(fetched) <= set(remote[:4])
+    monkeypatch.setattr("services.agent.recovery.FETCHES_AHEAD", 8)
+    monkeypatch.setattr("services.agent.recovery.READ_AHEAD_BYTES", segments[1].size)
+    with ReadAhead(remote[2:], [s.size for s in segments[2:]]) as ahead:  # sizes known
+        ahead.read(0)
+        assert ahead.requested == 2, "the next file only: it fills the bytes ahead"
 
     channel_dir = tmp_path / "run1"
     split = {}
