@@ -35,6 +35,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
+from unittest import mock
 
 from recording import start_coordinator, write_results
 
@@ -239,39 +240,32 @@ OBJECT_STORE_MB = 64
 def object_store_split(data: bytes) -> dict[str, float]:
     """One filter task over `OBJECT_STORE_MB` of restored files on moto's S3 server, with the
     next files fetched ahead (four at a time) and one at a time: restored MB/s each."""
+    import s3fs
+
     from services.agent import recovery
 
     s3 = start_s3_server()
-    saved = {k: os.environ.get(k) for k in s3.environment()}
-    os.environ.update(s3.environment())
     try:
-        import s3fs
-
-        bucket = s3.bucket()
-        paths = [f"{bucket}/chk-1/f{k:05d}.arrow" for k in range(OBJECT_STORE_MB * MB // len(data))]
-        s3fs.S3FileSystem(skip_instance_cache=True).pipe({p: data for p in paths})
-        rates = {}
-        for name, ahead, threads in (("one_at_a_time", 0, 1), ("ahead", 8, 4)):
-            recovery.FETCHES_AHEAD, recovery.FETCH_THREADS = ahead, threads
-            channel_dir = tempfile.mkdtemp(prefix="sparkpoint-bench-split-")
-            task = FilterTask(
-                1, [(p, (0, 127)) for p in paths], MAX_PARALLELISM, 2, channel_dir, "r"
-            )
-            started = time.monotonic()
-            result = filter_restored(task)
-            rates[f"{name}_mb_s"] = round(result.read_bytes / MB / (time.monotonic() - started), 1)
-            shutil.rmtree(channel_dir)
-        return rates
+        with mock.patch.dict(os.environ, s3.environment()):
+            bucket = s3.bucket()
+            count = OBJECT_STORE_MB * MB // len(data)
+            paths = [f"{bucket}/chk-1/f{k:05d}.arrow" for k in range(count)]
+            s3fs.S3FileSystem(skip_instance_cache=True).pipe({p: data for p in paths})
+            rates = {}
+            for name, ahead, threads in (("one_at_a_time", 0, 1), ("ahead", 8, 4)):
+                channel_dir = tempfile.mkdtemp(prefix="sparkpoint-bench-split-")
+                task = FilterTask(
+                    1, [(p, (0, 127)) for p in paths], MAX_PARALLELISM, 2, channel_dir, "r"
+                )
+                with mock.patch.multiple(recovery, FETCHES_AHEAD=ahead, FETCH_THREADS=threads):
+                    started = time.monotonic()
+                    result = filter_restored(task)
+                    elapsed = time.monotonic() - started
+                rates[f"{name}_mb_s"] = round(result.read_bytes / MB / elapsed, 1)
+                shutil.rmtree(channel_dir)
+            return rates
     finally:
-        import s3fs
-
         s3fs.S3FileSystem.clear_instance_cache()  # bound to this server's endpoint
-        recovery.FETCHES_AHEAD, recovery.FETCH_THREADS = 8, 4
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         s3.stop()
 
 

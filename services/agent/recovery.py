@@ -122,8 +122,8 @@ def filter_restored(task: FilterTask) -> FilterResult:
     per new subtask, its rows in their restored order. A file's rows are let go once split, so
     a task holds one restored file at a time, however many it reads (`SplitOutputs`), and on
     an object store the next few being fetched (`ReadAhead`, which has the next files on their
-    way while a file is split). A file's owners are counted
-    (``bincount``), and a file all of one subtask's is written whole, not filtered."""
+    way while a file is split). A file's owners are counted (``bincount``), and a file all of
+    one subtask's is written whole, not filtered."""
     read = 0
     paths = [path for path, _ in task.files]
     with ReadAhead(paths, task.sizes) as ahead, SplitOutputs(task) as outputs:
@@ -151,17 +151,17 @@ def filter_restored(task: FilterTask) -> FilterResult:
 class ReadAhead:
     """Reads a filter task's restored files in order, with the next ones already on their way
     while the task splits the one in hand. Restored channel state is read once, so without
-    this every read waits with the core idle.
+    this every read waits with the core idle. The files after the one being read are asked
+    for until at least `READ_AHEAD_BYTES` are (as far as their sizes are known):
 
-    - **Local files:** the kernel is asked to read the files after the one being read until
-      at least `READ_AHEAD_BYTES` are asked for (``posix_fadvise(WILLNEED)``: queued, nothing
-      waits for it). One 256 MB task from a
-      cold page cache: 0.73 -> 0.42 s on this machine.
-    - **An object store:** the next files are fetched, `FETCH_THREADS` at a time, and held
-      until their turn: up to `FETCHES_AHEAD` files, and no more than `READ_AHEAD_BYTES` beyond
-      the one being read where their sizes are known (at least one file). Each GET waits for the store's latency; fetched one
-      after another, 1-2 MB files do not fill a connection (moto on this machine: 150 MB/s one
-      at a time, 200-250 MB/s four at a time; real S3's latency is higher).
+    - **Local files:** the kernel is asked to read them (``posix_fadvise(WILLNEED)``: queued,
+      nothing waits for it). One 256 MB task from a cold page cache: 0.73 -> 0.42 s on this
+      machine.
+    - **An object store:** they are fetched, `FETCH_THREADS` at a time, and held until their
+      turn: at least the next file, at most `FETCHES_AHEAD`. Each GET waits for the store's
+      latency; fetched one after another, 1-2 MB files do not fill a connection (moto on this
+      machine: 150 MB/s one at a time, 200-250 MB/s four at a time; real S3's latency is
+      higher).
     """
 
     def __init__(self, paths: list[str], sizes: Sequence[int] = ()) -> None:
@@ -169,6 +169,7 @@ class ReadAhead:
         local = [p for p in map(local_path, paths) if p is not None]
         self.local = local if len(local) == len(paths) else None
         self.sizes = list(sizes) if len(sizes) == len(paths) else [0] * len(paths)
+        """Known or (locally) measured sizes of the files asked for; 0 where unknown."""
         self.requested = 0
         """Files asked for so far: every one before this index."""
         self.fetches: dict[int, Future[bytes]] = {}
@@ -176,19 +177,18 @@ class ReadAhead:
 
     def read(self, k: int) -> tuple[pa.Table, int]:
         """File ``k`` as a table, and its bytes; files are read in order (``k`` 0, 1, ...)."""
-        if self.local is not None:
-            self._advise(k)
-            return read_table(self.paths[k], memory_map=False)  # read once, cold: see read_table
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="fetch-restored")
+        if self.local is None:
+            last, at_least = min(k + 1 + FETCHES_AHEAD, len(self.paths)), k + 1
+        else:
+            last, at_least = len(self.paths), k
         ahead = sum(self.sizes[k + 1 : self.requested])
-        while self.requested < min(k + 1 + FETCHES_AHEAD, len(self.paths)) and (
-            self.requested <= k + 1 or ahead < READ_AHEAD_BYTES
-        ):
-            self.fetches[self.requested] = self.pool.submit(read_file, self.paths[self.requested])
+        while self.requested < last and (self.requested <= at_least or ahead < READ_AHEAD_BYTES):
+            self._request(self.requested)
             if self.requested > k:
                 ahead += self.sizes[self.requested]
             self.requested += 1
+        if self.local is not None:
+            return read_table(self.paths[k], memory_map=False)  # read once, cold: see read_table
         data = self.fetches.pop(k).result()
         return ipc.open_stream(pa.BufferReader(data)).read_all(), len(data)
 
@@ -205,27 +205,20 @@ class ReadAhead:
     def __exit__(self, *failure: Any) -> None:
         self.close()
 
-    def _advise(self, k: int) -> None:
-        assert self.local is not None
-        ahead = sum(self.sizes[k + 1 : self.requested])
-        while self.requested < len(self.local) and (
-            self.requested <= k or ahead < READ_AHEAD_BYTES
-        ):
-            self.sizes[self.requested] = size = self._request(self.local[self.requested])
-            if self.requested > k:
-                ahead += size
-            self.requested += 1
-
-    @staticmethod
-    def _request(path: str) -> int:
+    def _request(self, j: int) -> None:
+        if self.local is None:
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="fetch-restored")
+            self.fetches[j] = self.pool.submit(read_file, self.paths[j])
+            return
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(self.local[j], os.O_RDONLY)
         except OSError:
-            return 0  # reading it reports the failure
+            return  # reading it reports the failure
         try:
             with contextlib.suppress(OSError, AttributeError):  # advice only (none on macOS)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            return os.fstat(fd).st_size
+            self.sizes[j] = os.fstat(fd).st_size
         finally:
             os.close(fd)
 
@@ -340,8 +333,6 @@ class ChannelRecovery:
     it arrived, not when the loop applied it: the loop may still be registering)."""
     arrivals: dict[int, float] = field(default_factory=dict)
     """Filter job (by its future's id) -> when its result arrived."""
-    last_arrival: float | None = None
-    """When the newest result the loop applied had arrived."""
 
     @classmethod
     def adopt(
@@ -516,16 +507,16 @@ class ChannelRecovery:
         """Applies finished filter jobs, admits what has room, and at the start submits the
         filter jobs. True when anything changed."""
         changed = False
+        arrived = 0.0  # the newest arrival applied here; earlier steps' came before this step
         for future in [f for f in self.futures if f.done()]:
             self.futures.remove(future)
             # a done future may not have run its callback yet: then it arrived just now
-            arrived = self.arrivals.pop(id(future), time.monotonic())
-            self.last_arrival = max(self.last_arrival or arrived, arrived)
+            arrived = max(arrived, self.arrivals.pop(id(future), time.monotonic()))
             for result in future.result():  # a failure fails the job here
                 self._split(result, channels)
             changed = True
             if not self.batches:
-                self.filter_ended = self.last_arrival
+                self.filter_ended = arrived
                 log.info(
                     "checkpoint %d's channel state filtered: %d rows kept of %d bytes read, %d "
                     "segments spilled while channels were full; checkpoints are taken from now on",
