@@ -634,7 +634,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_bootstrap(demo)
     demo.add_argument("--partitions", type=positive_int, default=DEFAULT_PARTITIONS)
     demo.add_argument("--rest-port", type=port_number, default=8081)
-    demo.add_argument("--once", action="store_true", help="stop after three completed checkpoints")
+    demo.add_argument(
+        "--once",
+        action="store_true",
+        help="stop after three completed checkpoints and committed output (exit 1 if none comes)",
+    )
     demo.add_argument(
         "--flink-web-ui",
         type=Path,

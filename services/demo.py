@@ -259,7 +259,10 @@ def wait_for_interrupt() -> None:
 
 DEMO_DIR = Path(".sparkpoint/demo")
 CHECKPOINTS_TO_SHOW = 3
-"""``--once`` stops after this many completed checkpoints."""
+"""``--once`` stops after this many completed checkpoints, once output was committed too."""
+ONCE_WITHIN_S = 180.0
+"""``--once`` fails when no output was committed this long after the start: Spark's start
+(10-20 s), then a few checkpoint intervals."""
 GENERATOR_RATE = 2_000
 """Payments per second: enough to see state grow, little enough for a laptop's two cores."""
 
@@ -302,8 +305,7 @@ def run_pipeline(
 ) -> None:
     """Coordinator, generator and agent as processes; follows the checkpoints over REST.
     ``flink_web_ui``: the coordinator also serves Flink's dashboard from it, at /flink/."""
-    from services.agent.example import example_job
-    from services.client import call
+    from services.agent.example import OUTPUT_TOPIC, example_job
 
     if not port_is_free(rest_port):
         rest_port = free_port()
@@ -370,26 +372,24 @@ def run_pipeline(
             f"try: sparkpoint checkpoints {job.id} --rest {url}   |   sparkpoint savepoint {job.id} --rest {url}"
         )
         say("waiting for Spark to start (10-20 s); Ctrl-C to stop")
-        shown: set[int] = set()
-        completed = 0
+        follow = Follow(url, job.id, bootstrap, say)
+        deadline = time.monotonic() + ONCE_WITHIN_S
         while not stop.is_set():
             for name, process in processes:
                 if process.poll() is not None:
                     raise RuntimeError(
                         f"the {name} exited ({process.returncode}); see {root}/{name}.log"
                     )
-            try:
-                history = call(url, "GET", f"/jobs/{job.id}/checkpoints", timeout_s=2)["history"]
-            except Exception:  # not registered yet, or the coordinator is starting
-                history = []
-            for entry in sorted(history, key=lambda e: e["id"]):
-                if entry["id"] in shown or entry["status"] == "IN_PROGRESS":
-                    continue
-                shown.add(entry["id"])
-                say(describe_checkpoint(entry))
-                completed += entry["status"] == "COMPLETED"
-            if once and completed >= CHECKPOINTS_TO_SHOW:
+            follow.step()
+            if once and follow.completed >= CHECKPOINTS_TO_SHOW and follow.committed_records():
+                say(f"output committed: {follow.committed} records in {OUTPUT_TOPIC}")
                 break
+            if once and time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no output committed within {ONCE_WITHIN_S:.0f} s ({follow.completed} "
+                    f"checkpoints completed, {follow.processed} records read, lag {follow.lag}); "
+                    f"see {root}/agent.log"
+                )
             stop.wait(1.0)
         say("stopping")
     finally:
@@ -405,12 +405,69 @@ def run_pipeline(
                 process.kill()
 
 
-def describe_checkpoint(entry: dict[str, Any]) -> str:
+class Follow:
+    """Follows the demo's job over REST: each checkpoint as it ends, with the records read since
+    the one before and the current lag; a stall (records waiting, positions not moving) as
+    soon as the coordinator shows it; and, for ``--once``, whether output was committed (the
+    sink's committed epoch markers count the records they published)."""
+
+    def __init__(self, url: str, job_id: str, bootstrap: str, say: Say) -> None:
+        self.url, self.job_id, self.bootstrap, self.say = url, job_id, bootstrap, say
+        self.shown: set[int] = set()
+        self.completed = 0
+        self.processed = 0
+        """Records the job read in this attempt, as its agent last reported."""
+        self.reported_at_checkpoint = 0
+        self.lag = 0
+        self.stalled = False
+        self.committed = 0
+
+    def step(self) -> None:
+        from services.client import call
+
+        try:
+            progress = call(self.url, "GET", f"/jobs/{self.job_id}/progress", timeout_s=2)
+            history = call(self.url, "GET", f"/jobs/{self.job_id}/checkpoints", timeout_s=2)
+        except Exception:  # not registered yet, or the coordinator is starting
+            return
+        if progress.get("reported"):
+            if progress["records_in"] < self.processed:  # a restarted attempt counts anew
+                self.reported_at_checkpoint = 0
+            self.processed, self.lag = progress["records_in"], progress["lag"]
+            if progress["stalled"] and not self.stalled:
+                self.say(
+                    f"  STALLED: lag {self.lag} records and the source has not advanced for 10 s"
+                )
+            self.stalled = progress["stalled"]
+        for entry in sorted(history["history"], key=lambda e: e["id"]):
+            if entry["id"] in self.shown or entry["status"] == "IN_PROGRESS":
+                continue
+            self.shown.add(entry["id"])
+            read = self.processed - self.reported_at_checkpoint
+            self.reported_at_checkpoint = self.processed
+            self.say(describe_checkpoint(entry, read, self.lag))
+            self.completed += entry["status"] == "COMPLETED"
+
+    def committed_records(self) -> int:
+        """Records the job's sink committed so far (its committed epoch markers)."""
+        from services.common.events import SinkEpochPublished
+
+        markers = replay_topic(self.bootstrap, EventCodec(), SINK_MARKERS, read_committed=True)
+        self.committed = sum(
+            r.event.records
+            for r in markers
+            if r.key == self.job_id and isinstance(r.event, SinkEpochPublished)
+        )
+        return self.committed
+
+
+def describe_checkpoint(entry: dict[str, Any], read: int | None = None, lag: int = 0) -> str:
     kind = "savepoint" if entry.get("is_savepoint") else "checkpoint"
+    work = f", {read:,} records read since the last, lag {lag:,}" if read is not None else ""
     if entry["status"] == "COMPLETED":
         return (
             f"  {kind} {entry['id']} COMPLETED in {entry['end_to_end_duration']} ms, "
             f"state {entry['state_size'] / 1024:.0f} KiB, {entry['num_acknowledged_subtasks']}/{entry['num_subtasks']} "
-            f"subtasks, {entry['external_path']}"
+            f"subtasks{work}, {entry['external_path']}"
         )
-    return f"  {kind} {entry['id']} {entry['status']}: {entry.get('failure_message', '')}"
+    return f"  {kind} {entry['id']} {entry['status']}{work}: {entry.get('failure_message', '')}"

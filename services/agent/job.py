@@ -36,6 +36,12 @@ import pandas as pd
 from services.agent.formats import JsonValues, ValueFormat
 from services.common.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 from services.common.limits import JOB_ID_PATTERN
+from services.common.options import parse_duration
+
+DEFAULT_MAX_DURATION_PER_TRIGGER = "200ms"
+"""How long a round reads a Kafka partition at most: a record read at once is processed at once,
+and a round over a backlog still takes a useful share of it (about 50,000 records at the
+embedded broker's rate)."""
 
 # --- state declarations ----------------------------------------------------------------------
 
@@ -202,13 +208,45 @@ class KafkaSource:
     fetch at a time; a value that does not decode is skipped and logged with its
     topic[partition]@offset. Partitions are assigned by the agent; offsets live in checkpoints, never in
     consumer-group commits. ``bounded``: read each partition up to the end offset it has when the
-    job starts, then end the job (final checkpoint, then FINISHED)."""
+    job starts, then end the job (final checkpoint, then FINISHED).
+
+    A round (Spark's trigger) reads each partition up to the end it had when the round was
+    planned, as Spark's ``MicroBatchExecution`` plans a batch's end offsets before it runs: a
+    record arriving meanwhile waits for the next round, which starts as soon as this one is
+    read. Three bounds make a round shorter still, whichever comes first:
+    ``max_records_per_partition``, ``max_offsets_per_trigger`` (Spark's option: records over all
+    partitions, shared by each partition's backlog) and ``max_duration_per_trigger`` (how long a
+    round may read; Flink's sources emit records as they arrive, and this keeps a round's records
+    that close to arriving)."""
 
     topics: list[str]
     bounded: bool = False
     max_records_per_partition: int = 50_000
     """At most this many records per partition and round."""
     value_format: ValueFormat = field(default_factory=JsonValues)
+    max_offsets_per_trigger: int | None = None
+    """At most this many records per round over every partition (None: no such bound)."""
+    max_duration_per_trigger: str | int = DEFAULT_MAX_DURATION_PER_TRIGGER
+    """How long a round may read one partition, from its first fetch (a duration: ``200ms``,
+    ``1s``; a bare number is milliseconds)."""
+
+    def __post_init__(self) -> None:
+        if self.max_records_per_partition < 1:
+            raise ValueError(
+                f"max_records_per_partition must be at least 1, got {self.max_records_per_partition}"
+            )
+        if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger < 1:
+            raise ValueError(
+                f"max_offsets_per_trigger must be at least 1, got {self.max_offsets_per_trigger}"
+            )
+        if self.max_duration_ms < 1:
+            raise ValueError(
+                f"max_duration_per_trigger must be positive, got {self.max_duration_per_trigger!r}"
+            )
+
+    @property
+    def max_duration_ms(self) -> int:
+        return parse_duration(self.max_duration_per_trigger)
 
     @property
     def format(self) -> str:

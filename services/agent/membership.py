@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from services.common.events import (
     AgentHeartbeat,
@@ -92,8 +93,11 @@ class Membership:
         say: Callable[[str], None] = log.warning,
         lookup: Callable[[], CheckpointStoreRecord | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        progress: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.job_id = job_id
+        self.progress = progress
+        """The job's progress, sent with every heartbeat (`services.agent.progress`)."""
         self.agent_id = agent_id
         self.publisher = publisher
         self.stopping = stopping
@@ -209,8 +213,11 @@ class Membership:
     def _beat(self) -> None:
         interval = HEARTBEAT_INTERVAL_MS / 1000
         while self._beating.is_set():
-            beat = AgentHeartbeat(self.job_id, self.agent_id, self.attempt, int(time.time() * 1000))
             try:
+                beat = AgentHeartbeat(
+                    self.job_id, self.agent_id, self.attempt, int(time.time() * 1000),
+                    **(self.progress() if self.progress is not None else {}),
+                )  # fmt: skip
                 self.publisher.publish_nowait(ACKS, self.job_id, beat)
                 self.publisher.producer.poll(0)
             except Exception as exc:  # a full queue or a closed producer: the next beat retries

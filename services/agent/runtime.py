@@ -6,8 +6,9 @@ One round of the loop:
 1. read the control topic without blocking: triggers place a barrier at the tail of every
    channel and snapshot the source positions; completions publish sink epochs; aborts fold an
    epoch into the next; a failover request restarts the job from its latest checkpoint;
-2. plan a fetch: every source partition with records beyond its position, at most
-   ``max_records_per_partition`` each, nothing while a channel is full (backpressure);
+2. plan a fetch: every source partition with records beyond its position, up to the end it has
+   now and within the source's bounds per round, nothing while a channel is full
+   (backpressure);
    stage 1 runs as one Spark job (one task per partition) and appends segments to the channels;
 3. stage 2 runs as one Spark job (one task per subtask with queued records), never past a
    barrier: new state versions and the round's output (staged for the current epoch);
@@ -46,6 +47,7 @@ from services.agent.faults import crash_point
 from services.agent.formats import JsonValues, ValueFormat
 from services.agent.job import FileSink, FileSource, Job, KafkaSink, KafkaSource
 from services.agent.membership import Membership, RegistrationRefused, Superseded
+from services.agent.progress import Progress
 from services.agent.recovery import (
     FILTER_BATCH_BYTES,
     HELD_BATCH_BYTES,
@@ -81,7 +83,6 @@ from services.agent.stages import (
 from services.agent.state import (
     StateBackend,
     Version,
-    delete_files,
     job_dirs,
     local_path,
     working_path,
@@ -223,9 +224,12 @@ class Agent(SubtaskCheckpointing):
         self.publisher = EventPublisher(
             make_producer(options.bootstrap, one_record_per_batch=True), codec
         )
+        self.progress = Progress()
+        """Records in and out and where each source partition stands, for the heartbeats."""
         self.membership = Membership(
             self.job_id, self.agent_id, self.publisher, self.stopping,
             lookup=lambda: latest_store_record(options.bootstrap, codec, self.job_id),
+            progress=self.progress.report,
         )  # fmt: skip
         self.copier = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="snapshot-copy")
         self.janitor = ThreadPoolExecutor(1, thread_name_prefix="state-garbage")
@@ -569,6 +573,8 @@ class Agent(SubtaskCheckpointing):
                 )
             self.backend.restore(restored.key_groups, restored.shared)
         self.source.start(restored.positions if restored else None)
+        self.progress.start(self.source.positions)
+        self.progress.seen_ends(self.source.ends.items())
         if restored is not None and restored.channel_state:
             self._adopt_channel_state(restored)
             if local_path(self.channel_dir) is not None and not restored.end_of_input:
@@ -899,39 +905,47 @@ class Agent(SubtaskCheckpointing):
     def _start_fetch(self) -> None:
         """Plans the next stage-1 round and submits it as a Spark job on a thread of its own.
         One is in flight at a time; none while a channel is full (backpressure)."""
-        if self._fetching is not None or any(c.full for c in self.channels):
+        if self._fetching is not None:
             return
-        if self.restoring.holds_input():
-            return  # restored channel state enters the channels first
-        partitions = self.source.readable()
-        if not partitions:
+        full = any(c.full for c in self.channels)
+        self.progress.held(full)
+        if full or self.restoring.holds_input():
+            return  # (restored channel state enters the channels first)
+        planned = self.source.plan()
+        self.progress.seen_ends(self.source.highs.items())
+        if not planned:
             return
         self.fetches += 1
-        limit = self.job.source.max_records_per_partition
-        tasks = [
-            FetchTask(
-                self.options.bootstrap, topic, partition, self.source.positions[(topic, partition)],
-                self.source.ends.get((topic, partition)), limit, self.job.key,
-                self.max_parallelism, self.parallelism, self.job.source.format,
-                self.channel_dir, self.fetches, self._value_format,
-            )
-            for topic, partition in partitions
-        ]  # fmt: skip
-        self._fetching = self.stage1.submit(self._run_fetch, tasks)
+        source = self.job.source
+        max_duration_s = source.max_duration_ms / 1000 if isinstance(source, KafkaSource) else 0.0
+        by_subtask: dict[int, list[FetchTask]] = {}
+        for (topic, partition), read in planned.items():
+            by_subtask.setdefault(self.source.owner((topic, partition)), []).append(
+                FetchTask(
+                    self.options.bootstrap, topic, partition,
+                    self.source.positions[(topic, partition)],
+                    self.source.ends.get((topic, partition)), read.max_records, self.job.key,
+                    self.max_parallelism, self.parallelism, source.format,
+                    self.channel_dir, self.fetches, self._value_format, read.until, max_duration_s,
+                )
+            )  # fmt: skip
+        self._fetching = self.stage1.submit(self._run_fetch, list(by_subtask.values()))
 
-    def _run_fetch(self, tasks: list[FetchTask]) -> list[FetchResult]:
+    def _run_fetch(self, tasks: list[list[FetchTask]]) -> list[FetchResult]:
+        """One Spark task per source subtask, reading the partitions it owns."""
         map_function = self.job.map
         sc = self._spark().sparkContext
         sc.setLocalProperty("spark.scheduler.pool", "stage1")
-        self.traffic.start_job(sc, f"{self.job_id} stage 1: {len(tasks)} partitions", tasks)
+        partitions = sum(len(t) for t in tasks)
+        self.traffic.start_job(sc, f"{self.job_id} stage 1: {partitions} partitions", tasks)
         started = time.monotonic()
-        results: list[FetchResult | UserCodeFailure] = (
+        results: list[list[FetchResult] | UserCodeFailure] = (
             sc.parallelize(tasks, len(tasks))
             .map(lambda t: guarded(fetch_and_partition, t, map_function))
             .collect()
         )
         self.stage_seconds["stage1"] += time.monotonic() - started
-        return unless_user_failed(results)
+        return [r for each in unless_user_failed(results) for r in each]
 
     def _collect_fetch(self, wait: bool) -> bool:
         """Applies a finished stage-1 round: its segments join the channels (behind any barrier
@@ -957,11 +971,12 @@ class Agent(SubtaskCheckpointing):
                 self.channels[subtask].append(name, rows, size, partition, started_at)
             self.source.positions[partition] = result.next_offset
             self.source.capped[partition] = result.capped
+            self.progress.read(partition, result.next_offset, result.records)
             fetched += result.records
             self.input_bytes += result.bytes_read
         if fetched:
             crash_point("mid-batch")
-            if self.completed_checkpoints:
+            if self.completed_checkpoints and self.backend.versions:
                 crash_point("mid-batch-after-complete")
         return fetched > 0
 
@@ -991,7 +1006,7 @@ class Agent(SubtaskCheckpointing):
                 ProcessTask(
                     i, self.channel_dir, [s.path for s in taken[i]], versions, self.state_dir,
                     version, output_file(self.sink_dir, self.rounds, i), end_of_input,
-                    [s.key_groups for s in taken[i]], self.job.key,
+                    [s.key_groups for s in taken[i]], self.job.key, self.sink.direct(),
                 )
             )  # fmt: skip
         self._round = (version, taken)
@@ -1039,13 +1054,9 @@ class Agent(SubtaskCheckpointing):
                     pending.processed[key] = pending.processed.get(key, 0) + size
             if result.output_path is not None:
                 outputs.append((result.subtask, result.output_path))
-        if outputs:
-            if self.sink.exactly_once:
-                self.unsealed.extend(outputs)
-            else:
-                paths = [path for _, path in outputs]
-                self.sink.write_now(paths)
-                delete_files(paths)
+            self.progress.emitted(result.output_rows)
+        if outputs:  # exactly-once (at-least-once sinks wrote from the tasks)
+            self.unsealed.extend(outputs)
         self.processed_rows += sum(s.rows for segments in taken.values() for s in segments)
         return True
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import logging
+import time
 import traceback
 import uuid
 import zlib
@@ -21,7 +22,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.json as pajson
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import KafkaError
 
 from services.agent.formats import JsonValues, ValueFormat
 from services.agent.job import (
@@ -31,6 +32,7 @@ from services.agent.job import (
     StateDescriptor,
     empty_series,
 )
+from services.agent.sources.consumers import CONSUMERS
 from services.agent.state import (
     decode_state,
     encode_state,
@@ -39,7 +41,7 @@ from services.agent.state import (
     working_path,
     write_files,
 )
-from services.common.kafka import consumer_config, fetched
+from services.common.kafka import fetched
 from services.common.keygroups import key_groups, operator_indexes
 
 log = logging.getLogger(__name__)
@@ -47,9 +49,8 @@ log = logging.getLogger(__name__)
 KEY_GROUP_COLUMN = "_key_group"
 
 IDLE_POLLS = 3
-"""Empty polls in a row after which a task stops reading a partition that has no more data
-(3 x `POLL_WAIT_S`): the driver only schedules partitions whose high
-watermark is above the position, so idleness here means the end was reached."""
+"""Empty polls in a row after which a read with no planned end ahead stops (3 x
+`POLL_WAIT_S`): nothing more is arriving."""
 
 POLL_BATCH = 10_000
 
@@ -142,6 +143,10 @@ class FetchTask:
     fetch_id: int = 0
     value_format: ValueFormat = field(default_factory=JsonValues)
     """How Kafka values decode into columns."""
+    until: int | None = None
+    """The partition's end when the round was planned: the read stops there (Kafka)."""
+    max_duration_s: float = 0.2
+    """How long the read may take, from its first fetch (Kafka)."""
 
 
 @dataclass(frozen=True)
@@ -158,8 +163,9 @@ class FetchResult:
     bytes_read: int = 0
     """Bytes of the records read (values), for the driver's bytes-per-input-byte figure."""
     capped: bool = False
-    """The read stopped at ``max_records``: more may follow at once, whatever the broker's
-    high watermark says (the embedded broker's can stop at the last batch's base offset)."""
+    """The read stopped at ``max_records`` or at its time bound: more may follow at once,
+    whatever the broker's high watermark says (the embedded broker's can stop at the last
+    batch's base offset)."""
 
 
 def segment_name(task: FetchTask, subtask: int) -> str:
@@ -169,52 +175,121 @@ def segment_name(task: FetchTask, subtask: int) -> str:
     return f"s{subtask:04d}/f{task.fetch_id:010d}-{source:08d}-p{task.partition:05d}.arrow"
 
 
-def read_range(task: FetchTask) -> tuple[list[bytes], list[bytes | None], list[int], int]:
-    """Values, keys and offsets of at most ``max_records`` records from ``start``; the next
-    offset."""
-    config = consumer_config(task.bootstrap, client_id="sparkpoint-source") | {
-        "enable.partition.eof": True
-    }
-    consumer = Consumer(config)
-    values: list[bytes] = []
-    keys: list[bytes | None] = []
-    offsets: list[int] = []
-    next_offset = task.start
+@dataclass
+class PartitionRead:
+    """What a stage-1 read took of one partition so far."""
+
+    task: FetchTask
+    values: list[bytes] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    next_offset: int = 0
+    closed: bool = False
+    """Nothing more is taken from it in this read."""
+    early: bool = False
+    """It stopped before its end was known to be reached: more may be read at once."""
+
+    def __post_init__(self) -> None:
+        self.next_offset = self.task.start
+        self._check()
+
+    @property
+    def short(self) -> bool:
+        """Short of the end the driver planned: records are known to be there."""
+        until = self.task.until
+        return not self.closed and until is not None and self.next_offset < until
+
+    @property
+    def unplanned(self) -> bool:
+        """Open with no planned end: it reads what is there."""
+        return not self.closed and self.task.until is None
+
+    def take(self, offset: int, value: bytes | None, key: bytes | None) -> None:
+        end = self.task.end
+        if self.closed or offset < self.next_offset or (end is not None and offset >= end):
+            return
+        self.values.append(value or b"")
+        self.keys.append(key)
+        self.offsets.append(offset)
+        self.next_offset = offset + 1
+        self._check()
+
+    def at_partition_end(self, offset: int) -> None:
+        """The broker reported the end of the partition at ``offset``: offsets below it without
+        a record (transaction markers) are passed, and an unbounded read closes (a bounded one
+        goes on to its own end, records may still be arriving)."""
+        if self.closed:
+            return
+        end = self.task.end
+        self.next_offset = max(self.next_offset, min(offset, end) if end is not None else offset)
+        self._check()
+        if end is None:
+            self.closed = True
+
+    def _check(self) -> None:
+        end = self.task.end
+        if end is not None and self.next_offset >= end:
+            self.closed = True
+        elif len(self.values) >= self.task.max_records:
+            self.closed = self.early = True
+
+
+def read_ranges(tasks: list[FetchTask]) -> list[PartitionRead]:
+    """Reads every task's partition at once, with one consumer (one fetch serves them all),
+    each from its ``start`` and for at most ``max_records`` records.
+
+    A partition's read ends at the first of: ``end`` (bounded sources), ``max_records``, the
+    end of the partition, or ``until`` (the end the driver planned), after which records that
+    already arrived are taken too, without waiting. The whole read ends once no partition is
+    short of its planned end and nothing more is already fetched, at the longest
+    ``max_duration_s`` of the tasks (the partitions still open may read on at once), or after
+    `IDLE_POLLS` empty polls when no planned end is ahead. The embedded broker's high watermark
+    can stop at the last batch's base offset: the rest of that batch arrives with the record at
+    ``until - 1`` and is taken with it, so a planned end reaches every record that had arrived.
+    Offsets that hold no record (transaction markers) are passed when the end of the partition
+    is reported."""
+    reads = {(t.topic, t.partition): PartitionRead(t) for t in tasks}
+    bootstrap = tasks[0].bootstrap
+    consumer = CONSUMERS.take(bootstrap, [(t.topic, t.partition, t.start) for t in tasks])
     try:
-        consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
+        deadline = time.monotonic() + max(t.max_duration_s for t in tasks)
         idle = 0
-        while len(values) < task.max_records and idle < IDLE_POLLS:
-            if task.end is not None and next_offset >= task.end:
-                break
-            messages = fetched(
-                consumer, POLL_WAIT_S, min(POLL_BATCH, task.max_records - len(values))
-            )
+        while not all(r.closed for r in reads.values()):
+            short = any(r.short for r in reads.values())
+            waiting = short or any(r.unplanned for r in reads.values())
+            left = deadline - time.monotonic()
+            wait = max(0.0, min(POLL_WAIT_S, left)) if waiting else 0.0
+            messages = fetched(consumer, wait, POLL_BATCH)
             if not messages:
-                idle += 1
+                if not waiting:
+                    break  # every planned end, and whatever arrived with them
+                if time.monotonic() >= deadline:
+                    for read in reads.values():
+                        read.early |= not read.closed
+                    break
+                idle = 0 if short else idle + 1
+                if idle >= IDLE_POLLS:
+                    break  # no planned end ahead, and nothing arrives
                 continue
             idle = 0
-            eof = False
             for message in messages:
+                read = reads[(str(message.topic()), int(message.partition() or 0))]
                 error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        eof = True
-                        continue
-                    raise RuntimeError(f"{task.topic}[{task.partition}]: {error.str()}")
-                offset = int(message.offset() or 0)
-                if offset < next_offset or (task.end is not None and offset >= task.end):
-                    continue
-                if len(values) >= task.max_records:
-                    break
-                values.append(message.value() or b"")
-                keys.append(message.key())
-                offsets.append(offset)
-                next_offset = offset + 1
-            if eof and task.end is None:
-                break
-    finally:
-        consumer.close()
-    return values, keys, offsets, next_offset
+                if error is None:
+                    read.take(int(message.offset() or 0), message.value(), message.key())
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    read.at_partition_end(int(message.offset() or 0))
+                else:
+                    raise RuntimeError(f"{read.task.topic}[{read.task.partition}]: {error.str()}")
+            if time.monotonic() >= deadline:
+                for read in reads.values():
+                    read.early |= not read.closed
+                break  # out of time (what the last poll brought is taken)
+    except BaseException:
+        CONSUMERS.discard(consumer)
+        raise
+    CONSUMERS.give_back(bootstrap, consumer)
+    return [reads[(t.topic, t.partition)] for t in tasks]
 
 
 def to_ipc(frame: pd.DataFrame) -> bytes:
@@ -243,16 +318,28 @@ def read_file_rows(task: FetchTask) -> tuple[pd.DataFrame, int]:
     return table.slice(task.start, max(0, stop - task.start)).to_pandas(), max(task.start, stop)
 
 
-def fetch_and_partition(task: FetchTask, map_function: MapFunction) -> FetchResult:
+def fetch_and_partition(tasks: list[FetchTask], map_function: MapFunction) -> list[FetchResult]:
+    """A stage-1 task: the partitions of one source subtask (Kafka: read together), each mapped,
+    keyed and written as segments per target subtask."""
+    if tasks[0].format == "kafka":
+        return [partition(read.task, read, map_function) for read in read_ranges(tasks)]
+    return [partition(task, None, map_function) for task in tasks]
+
+
+def partition(
+    task: FetchTask, read: PartitionRead | None, map_function: MapFunction
+) -> FetchResult:
+    """One partition's records (``read``, or rows of a file) mapped, keyed by key group and
+    written as one segment per target subtask."""
     malformed: list[tuple[int, str]] = []
-    if task.format == "kafka":
-        values, keys, offsets, next_offset = read_range(task)
-        bytes_read = sum(len(v) for v in values)
-        frame, malformed = task.value_format.decode(values, keys, offsets)
-        records = len(values)
+    if read is not None:
+        bytes_read = sum(len(v) for v in read.values)
+        frame, malformed = task.value_format.decode(read.values, read.keys, read.offsets)
+        records, next_offset, early = len(read.values), read.next_offset, read.early
     else:
         frame, next_offset = read_file_rows(task)
         records = len(frame)
+        early = records >= task.max_records
         bytes_read = int(frame.memory_usage(deep=True).sum()) if records else 0
     segments: list[tuple[int, str, int, int]] = []
     if len(frame):
@@ -281,7 +368,7 @@ def fetch_and_partition(task: FetchTask, map_function: MapFunction) -> FetchResu
         segments,
         malformed[:10],
         bytes_read,
-        capped=records >= task.max_records,
+        capped=early,
     )
 
 
@@ -309,6 +396,9 @@ class ProcessTask:
     hold rows of key groups another subtask owns now, which this one drops."""
     key: str = ""
     """The records' key column."""
+    emit: Callable[[pd.DataFrame], int] | None = None
+    """At-least-once sinks: makes the round's output visible from the task at once (the
+    sink's `direct`); None: the output is staged at ``output_path``."""
 
     def state_file(self, group: int) -> str | None:
         found = self.versions.get(group)
@@ -325,6 +415,8 @@ class ProcessResult:
     every key group whose state changed."""
     output_path: str | None
     """The round's staged output, when it emitted any."""
+    output_rows: int = 0
+    """Records the round emitted (staged or, at-least-once, made visible)."""
 
 
 _CACHE: OrderedDict[str, dict[str, pd.Series]] = OrderedDict()
@@ -473,12 +565,17 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
             batch.add(working_path(task.state_dir, group, task.version), data, frames_of_group)
             new_versions[group] = len(data)
     emitted = [out for out in outputs if out is not None and len(out)]
+    rows = sum(len(out) for out in emitted)
     output_path = None
-    if emitted:
+    if emitted and task.emit is None:
         output_path = task.output_path
         batch.add(output_path, to_ipc(pd.concat(emitted, ignore_index=True)))
     batch.flush()
-    return ProcessResult(task.subtask, new_versions, output_path)
+    if emitted and task.emit is not None:
+        # at-least-once: visible before the round's result reaches the driver, so before any
+        # checkpoint that counts the round's input as processed
+        task.emit(pd.concat(emitted, ignore_index=True))
+    return ProcessResult(task.subtask, new_versions, output_path, rows)
 
 
 @dataclass

@@ -164,6 +164,25 @@ class RetainedCheckpoint:
     referenced_files: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionProgress:
+    """Where one source partition stands (in `AgentHeartbeat`)."""
+
+    topic: str
+    partition: int
+    position: int
+    end: int
+    """The high watermark as last seen; -1 when not known yet."""
+    records_in_per_second: int
+    last_advanced: int
+    """Epoch ms when the position last moved; 0 when it has not moved in this attempt."""
+
+    @property
+    def lag(self) -> int:
+        """Records behind the end (Flink's pendingRecords); 0 when the end is not known."""
+        return max(0, self.end - self.position) if self.end >= 0 else 0
+
+
 # --- events ---------------------------------------------------------------------------------
 
 
@@ -407,6 +426,12 @@ class AgentHeartbeat:
     agent_id: str
     attempt: int
     timestamp: int
+    records_in: int = 0
+    records_out: int = 0
+    records_in_per_second: int = 0
+    records_out_per_second: int = 0
+    backpressured_ms_per_second: int = 0
+    partitions: list[PartitionProgress] = field(default_factory=list)
 
 
 Event = (

@@ -28,7 +28,7 @@ from services.common.limits import MAX_TEXT
 from services.common.metadata import BadMetadata, SnapshotMetadata
 from services.common.settings import CheckpointConfig, ConfigError
 from services.common.storage import PathOutsideRoots
-from services.coordinator import job_views
+from services.coordinator import job_views, progress_views
 from services.coordinator.earlier import earlier_statistics, merge
 from services.coordinator.flink_compat import (
     FORWARD,
@@ -76,14 +76,15 @@ from services.coordinator.rest_models import (
     JobExceptions,
     JobList,
     JobPlan,
+    JobProgress,
     JobsOverview,
-    NoMetrics,
     SavepointList,
     SavepointRequest,
     StopRequest,
     TaskManagers,
     TriggerId,
     TriggerStatus,
+    VertexMetrics,
     answers,
 )
 from services.coordinator.service import CoordinatorService
@@ -169,8 +170,13 @@ METRICS = (
 
 
 def metrics_text(
-    jobs: list[OwnedJob], malformed: int, rejected: Mapping[tuple[str, str], int] | None = None
+    jobs: list[OwnedJob],
+    malformed: int,
+    rejected: Mapping[tuple[str, str], int] | None = None,
+    now_ms: int = 0,
 ) -> str:
+    """Prometheus text: each job's checkpoint metrics, its progress (`progress_views`), and the
+    events this instance skipped or refused."""
     lines = []
     values: dict[str, list[tuple[OwnedJob, int]]] = {name: [] for name, _, _ in METRICS}
     for job in jobs:
@@ -193,6 +199,7 @@ def metrics_text(
         for job, value in values[name]:
             labels = f'job_id="{job.job_id}",job_name="{job.registration.job_name}"'
             lines.append(f"{metric}{{{labels}}} {value}")
+    lines += progress_views.prometheus_lines(jobs, now_ms)
     lines += [
         "# HELP sparkpoint_malformed_events_total Messages that could not be decoded and were skipped.",
         "# TYPE sparkpoint_malformed_events_total counter",
@@ -362,17 +369,36 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
     @app.get(
         "/jobs/{jobid}/vertices/{vertexid}/{what:path}",
         response_model=None,
-        responses=answers(NoMetrics, ELSEWHERE, NOT_FOUND),
+        responses=answers(VertexMetrics, ELSEWHERE, NOT_FOUND),
     )
-    async def vertex_metrics(jobid: str, vertexid: str, what: str) -> Any:
-        """A stage's watermarks and metrics, as Flink's dashboard asks for them: none are
-        collected per stage here (an empty list, as Flink answers before it has any)."""
+    async def vertex_metrics(jobid: str, vertexid: str, what: str, get: str | None = None) -> Any:
+        """A stage's metrics, metrics over its subtasks and back-pressure, as Flink's dashboard
+        asks for them, from the agent's heartbeats (`progress_views`); its watermarks: none
+        (an empty list, as Flink answers before it has any)."""
         job = known(jobid)
-        if what not in ("watermarks", "metrics", "subtasks/metrics"):
+        if what not in ("watermarks", "metrics", "subtasks/metrics", "backpressure"):
             raise HTTPException(404, f"No {what} of vertex {vertexid}")
-        if not job_views.has_vertex(job, vertexid):
+        vertex = job_views.vertex_index(job, vertexid)
+        if vertex is None:
             raise HTTPException(404, f"Vertex {vertexid} of job {jobid} not found")
+        now = service.clock.now_ms()
+        names = [n for n in get.split(",") if n] if get is not None else None
+        if what == "metrics":
+            return progress_views.vertex_metrics(job, vertex, now, names)
+        if what == "subtasks/metrics":
+            return progress_views.aggregated_metrics(job, vertex, now, names)
+        if what == "backpressure":
+            return progress_views.backpressure(job, vertex, now)
         return []
+
+    @app.get(
+        "/jobs/{jobid}/progress",
+        response_model=None,
+        responses=answers(JobProgress, ELSEWHERE, NO_JOB),
+    )
+    async def job_progress(jobid: str) -> dict[str, Any]:
+        """Records in and out and where each source partition stands (sparkpoint's own)."""
+        return progress_views.progress(known(jobid), service.clock.now_ms())
 
     @app.get("/taskmanagers", response_model=None, responses=answers(TaskManagers))
     async def task_managers() -> dict[str, Any]:
@@ -700,7 +726,10 @@ def create_app(service: CoordinatorService, web_ui: WebUi | None = None) -> Fast
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> str:
-        return metrics_text(list(service.jobs.values()), service.malformed, service.rejected)
+        return metrics_text(
+            list(service.jobs.values()), service.malformed, service.rejected,
+            service.clock.now_ms(),
+        )  # fmt: skip
 
     @app.get("/", response_class=HTMLResponse)
     async def dashboard() -> str:
@@ -720,6 +749,13 @@ async function load(){
   const jobs=(await (await fetch('/jobs')).json()).jobs; let html='';
   for(const j of jobs){
     html+=`<h2>${j.name} <small>${j.id} · ${j.status} · parallelism ${j.parallelism}</small></h2>`;
+    const g=await fetch(`/jobs/${j.id}/progress`);
+    if(g.ok){const p=await g.json(); if(p.reported){
+      html+=(p.stalled?'<p class="FAILED"><b>STALLED</b>: records wait in a source partition whose position has not moved for 10 s</p>':'')+
+        `<p>records in ${p.records_in_per_second}/s · out ${p.records_out_per_second}/s · lag ${p.lag} · back-pressured ${p.backpressured_ms_per_second} ms/s</p>`+
+        '<table><tr><th>source</th><th>subtask</th><th>position</th><th>end</th><th>lag</th><th>records/s</th><th>advanced</th></tr>'+
+        p.partitions.map(q=>`<tr class="${q.stalled?'FAILED':''}"><td>${q.topic}[${q.partition}]</td><td>${q.subtask}</td><td>${q.position}</td><td>${q.end}</td><td>${q.lag}</td><td>${q.records_in_per_second}</td><td>${(q.ms_since_advanced/1000).toFixed(1)} s ago${q.stalled?' STALLED':''}</td></tr>`).join('')+'</table>';
+    }}
     const r=await fetch(`/jobs/${j.id}/checkpoints`); if(!r.ok){continue}
     const s=await r.json(); const h=s.history.slice().reverse();
     const max=Math.max(1,...h.map(c=>c.end_to_end_duration));

@@ -78,8 +78,23 @@ VERTEX_METRICS = {
     "write-records": 0, "write-records-complete": False, "accumulated-backpressured-time": 0,
     "accumulated-idle-time": 0, "accumulated-busy-time": 0.0,
 }  # fmt: skip
-"""Flink's per-vertex IO metrics: not measured per stage here ("complete": false, as Flink
-says while it has not collected them)."""
+"""Flink's per-vertex IO metrics before any is known ("complete": false, as Flink says while it
+has not collected them)."""
+
+
+def vertex_io(job: OwnedJob, stage: int) -> dict[str, Any]:
+    """A stage's IO metrics from the agent's newest heartbeat: the source stage sends what it
+    reads, the keyed stage sends what the keyed function emits (the records it receives are
+    the source stage's after the job's map, not counted)."""
+    metrics = dict(VERTEX_METRICS)
+    beat = job.progress
+    if beat is None:
+        return metrics
+    if stage == 0:
+        metrics |= {"write-records": beat.records_in, "write-records-complete": True}
+    else:
+        metrics |= {"write-records": beat.records_out, "write-records-complete": True}
+    return metrics
 
 
 def overview(job: OwnedJob, now_ms: int) -> dict[str, Any]:
@@ -116,8 +131,10 @@ def application(job: OwnedJob, now_ms: int) -> dict[str, Any]:
     }
 
 
-def has_vertex(job: OwnedJob, vertex: str) -> bool:
-    return any(vertex == vertex_id(job.job_id, i) for i in range(len(STAGES)))
+def vertex_index(job: OwnedJob, vertex: str) -> int | None:
+    """Which stage ``vertex`` is (0: the source stage, 1: the keyed stage), None if neither."""
+    found = [i for i in range(len(STAGES)) if vertex == vertex_id(job.job_id, i)]
+    return found[0] if found else None
 
 
 def details(job: OwnedJob, now_ms: int) -> dict[str, Any]:
@@ -137,7 +154,7 @@ def details(job: OwnedJob, now_ms: int) -> dict[str, Any]:
             "end-time": end,
             "duration": duration,
             "tasks": _stage_tasks(job),
-            "metrics": dict(VERTEX_METRICS),
+            "metrics": vertex_io(job, i),
         }
         for i, name in enumerate(STAGES)
     ]

@@ -7,6 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from services.common.events import (
+    AgentHeartbeat,
     CheckpointOverrides,
     FailoverRequest,
     JobRegistered,
@@ -65,6 +66,9 @@ class OwnedJob:
     last_failover: FailoverRequest | None = None
     last_seen_ms: int = 0
     """When this coordinator last heard from the job's agent (its own clock)."""
+    progress: AgentHeartbeat | None = None
+    """The newest heartbeat of the agent that drives the job: its records in and out, where its
+    source partitions stand (`progress_views`)."""
     history: JobHistory = field(default_factory=lambda: JobHistory())
 
     @property

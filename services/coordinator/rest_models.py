@@ -290,8 +290,20 @@ class Applications(BaseModel):
     applications: list[dict[str, Any]]
 
 
-class NoMetrics(RootModel[list[dict[str, Any]]]):
-    """A stage's watermarks or metrics: none are collected per stage (an empty list)."""
+class VertexMetrics(RootModel[list[dict[str, Any]] | dict[str, Any]]):
+    """A stage's metrics (ids, or values with ``get``), its metrics over its subtasks, its
+    back-pressure, or its watermarks (none: an empty list), in Flink's shapes."""
+
+
+class JobProgress(BaseModel):
+    """``GET /jobs/{id}/progress``: records in and out, rates, and each source partition's
+    position, end, lag and time since it last advanced, from the agent's newest heartbeat;
+    ``stalled`` when a partition has a lag and has not advanced for 10 s."""
+
+    model_config = ConfigDict(extra="allow")
+    reported: bool
+    stalled: bool
+    partitions: list[dict[str, Any]]
 
 
 class TaskManagers(BaseModel):

@@ -996,7 +996,9 @@ class CoordinatorService:
                     self._reject(record, _kind(event), problem)
                 continue
             job.last_seen_ms = now
-            if isinstance(event, AcknowledgeCheckpoint):
+            if isinstance(event, AgentHeartbeat):
+                job.progress = event
+            elif isinstance(event, AcknowledgeCheckpoint):
                 if self.trace is not None:
                     self.trace.mark(event.job_id, event.checkpoint_id, "last_ack_handled")
                 result, commands, reason = job.core.on_acknowledge(event, now)

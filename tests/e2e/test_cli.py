@@ -48,7 +48,7 @@ def test_demo_prints_broker_topics_and_a_round_trip_of_every_event_type() -> Non
 
 
 @pytest.mark.spark
-def test_the_demo_runs_coordinator_generator_and_agent_until_checkpoints_complete(
+def test_the_demo_runs_until_checkpoints_complete_and_processed_output_is_committed(
     tmp_path: Path,
 ) -> None:
     port = free_port()
@@ -63,6 +63,12 @@ def test_the_demo_runs_coordinator_generator_and_agent_until_checkpoints_complet
     assert f"coordinator: http://127.0.0.1:{port}" in out
     completed = re.findall(r"checkpoint (\d+) COMPLETED .* 4/4 subtasks, (\S+)", out)
     assert len(completed) >= 3, out
+    read = [
+        int(n.replace(",", "")) for n in re.findall(r"([\d,]+) records read since the last", out)
+    ]
+    assert len(read) >= 3 and sum(read) > 0, out  # records were processed, not only checkpoints
+    committed = re.search(r"^output committed: (\d+) records in payment-stats$", out, re.M)
+    assert committed and int(committed.group(1)) > 0, out
     assert out.rstrip().endswith("stopping")
     for name in ("coordinator", "generator", "agent"):
         assert (tmp_path / ".sparkpoint" / "demo" / f"{name}.log").is_file()

@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 
-from services.agent.stages import FetchTask, read_range
+from services.agent.stages import FetchTask, read_ranges
 from services.common.avro import EventCodec
 from services.common.broker import EmbeddedBroker
 from services.common.kafka import (
@@ -265,11 +265,14 @@ def test_a_source_task_reads_a_partition_of_many_one_record_batches_whole(
 ) -> None:
     """What a producer without linger writes: with a 10 ms fetch wait a stage-1 task read 7 of
     20,000 such records, then counted its idle polls and stopped (measured)."""
-    task = FetchTask(quiet_broker, many_single_record_batches, 0, 0, None, MANY, "k", 128, 2)
+    task = FetchTask(
+        quiet_broker, many_single_record_batches, 0, 0, None, MANY, "k", 128, 2,
+        until=MANY, max_duration_s=60,
+    )  # fmt: skip
     started = time.monotonic()
-    values, _, offsets, next_offset = read_range(task)
-    assert (len(values), next_offset) == (MANY, MANY), time.monotonic() - started
-    assert offsets == list(range(MANY))
+    (read,) = read_ranges([task])
+    assert (len(read.values), read.next_offset) == (MANY, MANY), time.monotonic() - started
+    assert read.offsets == list(range(MANY))
 
 
 HISTORY = 20_000

@@ -72,6 +72,11 @@ one Spark job (a task each, in the pool ``sink``), so staged output is read and 
 executors and never passes through the driver."""
 
 
+Emit = Callable[[pd.DataFrame], int]
+"""Makes a frame of output visible and returns how many records: picklable, it travels to
+stage-2 tasks."""
+
+
 def inline(work: Callable[[Any], int], tasks: list[Any]) -> list[int]:
     """The runner outside an agent: the tasks one after another, in this process."""
     return [work(task) for task in tasks]
@@ -84,8 +89,10 @@ class SinkWriter(Protocol):
         """Makes epoch ``epoch``'s staged output visible (exactly-once: atomically, once)."""
         ...
 
-    def write_now(self, outputs: list[str]) -> int:
-        """At-least-once: makes the output visible at once."""
+    def direct(self) -> Emit | None:
+        """At-least-once: what stage-2 tasks call with their round's output to make it visible
+        at once, from the executor (no staged file, no Spark job of its own); None for an
+        exactly-once sink, whose output is staged until its checkpoint completes."""
         ...
 
     def published(self) -> PublishedEpoch | None:

@@ -23,12 +23,13 @@ import posixpath
 import uuid
 from dataclasses import dataclass
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.core import url_to_fs
 
 from services.agent.job import DeliveryGuarantee, FileSink
-from services.agent.sinks import PublishedEpoch, SinkRunner, inline, read_outputs
+from services.agent.sinks import Emit, PublishedEpoch, SinkRunner, inline, read_outputs
 from services.common.storage import is_object_store, put_whole
 
 log = logging.getLogger(__name__)
@@ -57,15 +58,31 @@ def commit_part(part: Part) -> int:
     final = posixpath.join(root, part.name)
     if fs.exists(final):
         return 0  # committed before a restore
-    frame = read_outputs(list(part.staged))
+    return write_part(part.directory, part.name, read_outputs(list(part.staged)))
+
+
+@dataclass(frozen=True)
+class DirectPart:
+    """At-least-once: a stage-2 task writes its round's output as a part file at once."""
+
+    directory: str
+
+    def __call__(self, frame: pd.DataFrame) -> int:
+        return write_part(self.directory, f"part-{uuid.uuid4().hex}.parquet", frame)
+
+
+def write_part(directory: str, name: str, frame: pd.DataFrame) -> int:
+    """Writes ``frame`` as the part file ``name``, whole or not at all; returns its rows."""
     if not len(frame):
         return 0
+    fs, root = url_to_fs(directory)
+    final = posixpath.join(root, name)
     buffer = io.BytesIO()
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer)
     if is_object_store(fs):
         put_whole(fs, final, buffer.getvalue())  # one PUT: whole or absent
         return len(frame)
-    hidden = posixpath.join(root, f".{part.name}.inprogress-{uuid.uuid4().hex[:8]}")
+    hidden = posixpath.join(root, f".{name}.inprogress-{uuid.uuid4().hex[:8]}")
     with fs.open(hidden, "wb") as out:
         out.write(buffer.getvalue())
     fs.mv(hidden, final)
@@ -86,9 +103,8 @@ class FileSinkWriter:
         parts = [Part(self.sink.directory, part_name(epoch, o), (o,)) for o in outputs]
         return sum(self.run(commit_part, parts))
 
-    def write_now(self, outputs: list[str]) -> int:
-        part = Part(self.sink.directory, f"part-{uuid.uuid4().hex}.parquet", tuple(outputs))
-        return self.run(commit_part, [part])[0]
+    def direct(self) -> Emit | None:
+        return None if self.exactly_once else DirectPart(self.sink.directory)
 
     def published(self) -> PublishedEpoch | None:
         return None  # committed files prove themselves by name: each one is checked

@@ -30,11 +30,19 @@ import uuid
 from dataclasses import dataclass
 from functools import cache
 
+import pandas as pd
 from confluent_kafka import Producer
 
 from services.agent.faults import kill, passes
 from services.agent.job import DeliveryGuarantee, KafkaSink
-from services.agent.sinks import PublishedEpoch, SinkRunner, inline, outputs_digest, read_outputs
+from services.agent.sinks import (
+    Emit,
+    PublishedEpoch,
+    SinkRunner,
+    inline,
+    outputs_digest,
+    read_outputs,
+)
 from services.common.avro import EventCodec
 from services.common.events import SinkEpochPublished
 from services.common.kafka import (
@@ -101,13 +109,12 @@ def publish(task: Publish) -> int:
     """Produces the staged files' records (and, exactly-once, the epoch's marker in the same
     transaction); returns how many records. Runs inside a Spark task, or wherever the writer's
     runner puts it."""
+    frame = read_outputs(list(task.outputs))
     if task.epoch is None:
-        producer = _producer(task.sink, task.bootstrap, task.job_id, None)
-        count = _produce(producer, task, None)
-        remaining = producer.flush(60)
-        if remaining:
-            raise RuntimeError(f"{remaining} records to {task.sink.topic} not delivered")
-        return count
+        return publish_frame(task, frame)
+    # a producer of its own: its init_transactions fences and aborts whatever an earlier one of
+    # the sink's transactional id left open (a kept producer per worker would be fenced by the
+    # other workers' in turn, and find out only once it had produced the epoch)
     producer = _producer(task.sink, task.bootstrap, task.job_id, task.transactional_id)
     digest = outputs_digest(list(task.outputs))
     if _retried():  # the lost attempt may have committed: then the epoch is visible already
@@ -119,7 +126,7 @@ def publish(task: Publish) -> int:
     producer.begin_transaction()
     token = uuid.uuid4().hex
     try:
-        count = _produce(producer, task, token)
+        count = _produce(producer, task, frame, token)
         if task.crash_halfway:
             _LEFT_OPEN.append(producer)
             return count
@@ -133,6 +140,33 @@ def publish(task: Publish) -> int:
         producer.abort_transaction(30)
         raise
     return count
+
+
+def publish_frame(task: Publish, frame: pd.DataFrame) -> int:
+    """At-least-once: produces ``frame``'s records at once and waits for their delivery, with
+    this worker's producer of the sink (`_KEPT`)."""
+    key = (
+        task.bootstrap,
+        task.job_id,
+        repr((task.sink.topic, sorted(task.sink.properties.items()))),
+    )
+    producer = _KEPT.get(key)
+    if producer is None:
+        producer = _KEPT[key] = _producer(task.sink, task.bootstrap, task.job_id, None)
+    try:
+        count = _produce(producer, task, frame, None)
+        remaining = producer.flush(60)
+        if remaining:
+            raise RuntimeError(f"{remaining} records to {task.sink.topic} not delivered")
+    except BaseException:
+        _KEPT.pop(key, None)  # not reused after a failure
+        raise
+    return count
+
+
+_KEPT: dict[tuple[str, str, str], Producer] = {}
+"""This worker's at-least-once sink producers, kept between the stage-2 tasks that publish their
+round's output (a producer's first record waits for its connection and producer id)."""
 
 
 def _retried() -> bool:
@@ -182,8 +216,9 @@ def _producer(
     return producer
 
 
-def _produce(producer: Producer, task: Publish, transaction: str | None) -> int:
-    frame = read_outputs(list(task.outputs))
+def _produce(
+    producer: Producer, task: Publish, frame: pd.DataFrame, transaction: str | None
+) -> int:
     if not len(frame):
         return 0
     values = task.sink.value_format.encode(frame)
@@ -222,6 +257,16 @@ def _send(
                 break
             except BufferError:
                 producer.poll(0.05)
+
+
+@dataclass(frozen=True)
+class DirectPublish:
+    """At-least-once: a stage-2 task produces its round's output at once (`publish_frame`)."""
+
+    task: Publish
+
+    def __call__(self, frame: pd.DataFrame) -> int:
+        return publish_frame(self.task, frame)
 
 
 # --- driver side ------------------------------------------------------------------------------------
@@ -270,8 +315,8 @@ class KafkaSinkWriter:
         )
         return count
 
-    def write_now(self, outputs: list[str]) -> int:
-        return self.run(publish, [self._task(outputs)])[0]
+    def direct(self) -> Emit | None:
+        return None if self.exactly_once else DirectPublish(self._task([]))
 
     def published(self) -> PublishedEpoch | None:
         """The newest epoch this job's sink made visible (`newest_marker`)."""

@@ -3,7 +3,33 @@ Their driver-side readers share how the input is ended early (stop-with-savepoin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 Partition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class PlannedRead:
+    """One partition's part of a round: read up to ``until`` (None: what is there; a bounded
+    source's end applies besides), at most ``max_records``."""
+
+    until: int | None
+    max_records: int
+
+
+def share_by_backlog(
+    backlog: dict[Partition, int | None], total: int | None
+) -> dict[Partition, int]:
+    """Spark's ``maxOffsetsPerTrigger``: ``total`` records over the partitions, each its share
+    of the whole backlog (at least one record each; an unknown backlog counts as one record).
+    Shared even when the backlog seems within the bound: the embedded broker's high watermark
+    can count a batch of many records as one, and a read takes the whole batch. Empty when
+    there is no such bound."""
+    if total is None:
+        return {}
+    sizes = {p: max(1, lag or 1) for p, lag in backlog.items()}
+    whole = sum(sizes.values())
+    return {p: max(1, size * total // whole) for p, size in sizes.items()}
 
 
 class EndsEarly:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from fsspec.core import url_to_fs
 
 from services.agent.job import FileSource
-from services.agent.sources import EndsEarly, Partition
+from services.agent.sources import EndsEarly, Partition, PlannedRead
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,15 @@ class FileSourceReader(EndsEarly):
     def owner(self, partition: Partition) -> int:
         return self.partitions.index(partition) % self.parallelism
 
-    def readable(self) -> list[Partition]:
-        return [p for p in self.partitions if self.positions[p] < self.ends[p]]
+    @property
+    def highs(self) -> dict[Partition, int]:
+        return self.ends
+
+    def plan(self) -> dict[Partition, PlannedRead]:
+        limit = self.source.max_records_per_partition
+        return {
+            p: PlannedRead(None, limit) for p in self.partitions if self.positions[p] < self.ends[p]
+        }
 
     def finished(self) -> bool:
         return all(self.positions[p] >= e for p, e in self.ends.items())

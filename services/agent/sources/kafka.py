@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, TopicPartition
 
 from services.agent.job import KafkaSource
-from services.agent.sources import EndsEarly, Partition
+from services.agent.sources import EndsEarly, Partition, PlannedRead, share_by_backlog
 from services.common.kafka import consumer_config, true_end_offset
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,9 @@ class KafkaSourceReader(EndsEarly):
 
     capped: dict[Partition, bool] = field(default_factory=dict)
     """Partitions whose last read stopped at the per-round limit: readable again at once."""
+    highs: dict[Partition, int] = field(default_factory=dict)
+    """Each partition's high watermark when the last round was planned (a bounded source's
+    end)."""
 
     def __post_init__(self) -> None:
         self.consumer = Consumer(
@@ -69,27 +72,39 @@ class KafkaSourceReader(EndsEarly):
         """The source subtask that reads ``partition`` (round robin over all partitions)."""
         return self.partitions.index(partition) % self.parallelism
 
-    def readable(self) -> list[Partition]:
-        """Partitions with records beyond their position. The high watermark can only be too low
-        on the embedded broker (it counts the last batch's base offset), never too high, and it
-        rises above the position whenever a new batch arrives; a read that stopped at the
-        per-round limit inside the last batch is read on at once, the watermark unasked."""
-        ready = []
+    def plan(self) -> dict[Partition, PlannedRead]:
+        """The next round's read of every partition with records beyond its position: up to the
+        end it has now (Spark plans a micro-batch's end offsets the same way), at most
+        ``max_records_per_partition`` records, and ``max_offsets_per_trigger`` shared by backlog.
+        The high watermark can only be too low on the embedded broker (it counts the last
+        batch's base offset), never too high; the read takes what arrives with the planned end,
+        so the rest of that batch is read too. A read that stopped early (`capped`) is read on
+        at once, the watermark unasked."""
+        limit = self.source.max_records_per_partition
+        backlog: dict[Partition, int | None] = {}
         for partition in self.partitions:
             position = self.positions[partition]
             if partition in self.ends:
+                self.highs[partition] = self.ends[partition]
                 if position < self.ends[partition]:
-                    ready.append(partition)
-                continue
-            if self.capped.get(partition):
-                ready.append(partition)
+                    backlog[partition] = self.ends[partition] - position
                 continue
             _, high = self.consumer.get_watermark_offsets(
                 TopicPartition(*partition), timeout=10, cached=False
             )
+            self.highs[partition] = high
             if high > position:
-                ready.append(partition)
-        return ready
+                backlog[partition] = high - position
+            elif self.capped.get(partition):
+                backlog[partition] = None  # how much is there is unknown: read what is
+        shares = share_by_backlog(backlog, self.source.max_offsets_per_trigger)
+        return {
+            partition: PlannedRead(
+                None if lag is None or partition in self.ends else self.positions[partition] + lag,
+                min(limit, shares.get(partition, limit)),
+            )
+            for partition, lag in backlog.items()
+        }
 
     def finished(self) -> bool:
         return bool(self.ends) and all(self.positions[p] >= e for p, e in self.ends.items())
