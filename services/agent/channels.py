@@ -92,8 +92,24 @@ class Channel:
     def free_bytes(self) -> int:
         return max(0, self.capacity - self.queued_bytes)
 
-    def add_barrier(self, checkpoint_id: int) -> None:
-        self.barriers.append((checkpoint_id, self._sequence))
+    def add_barrier(self, checkpoint_id: int, after: int | None = None) -> None:
+        """Places checkpoint ``checkpoint_id``'s barrier after the segment numbered ``after``
+        (default: after the last one queued). Barriers stay in the order they were placed."""
+        position = self._sequence if after is None else after
+        if self.barriers and position < self.barriers[-1][1]:
+            raise ValueError(f"barrier {checkpoint_id} would overtake {self.barriers[-1][0]}")
+        self.barriers.append((checkpoint_id, position))
+
+    def cut(self, taken: list[Segment]) -> tuple[int, list[Segment], list[Segment]]:
+        """The earliest place a barrier can go now: after the segments a stage-2 round in flight
+        took (``taken``), or before everything queued when none is in flight. Returns that
+        sequence number, the segments before it and those after it."""
+        if taken:
+            last = taken[-1].sequence
+        else:
+            last = self.segments[0].sequence - 1 if self.segments else self._sequence
+        before = [s for s in self.segments if s.sequence <= last]
+        return last, before, [s for s in self.segments if s.sequence > last]
 
     def take(self, max_rows: int) -> list[Segment]:
         """Segments for the next stage-2 batch: in order, never past the oldest barrier, at most
@@ -188,3 +204,36 @@ class SegmentFiles:
             else:
                 free.append(f"{self.directory}/{segment.path}")
         delete_files(free)  # on an object store one bulk request, not a DELETE per segment
+
+
+Partition = tuple[str, int]
+
+
+def earliest_cut(
+    channels: list[Channel], taken: dict[int, list[Segment]], positions: dict[Partition, int]
+) -> tuple[list[int], dict[Partition, int]] | None:
+    """The earliest consistent place for an aligned barrier: in each channel right after the
+    segments the stage-2 round in flight took (``taken``, per channel; before everything
+    queued when none is in flight), and the source positions that cut stands for: where the
+    segments behind it were read from, else where reading stands (``positions``). Those
+    segments are read again after a restore instead of being waited for, so the barrier is
+    aligned as soon as the round in flight ends.
+
+    None when no such cut exists: a fetch of a partition would lie on both sides of it (its
+    records went to several channels, and only some were taken), or restored channel state is
+    queued (it was not read from a source position)."""
+    sequences: list[int] = []
+    last_before: dict[Partition, int] = {}
+    first_after: dict[Partition, int] = {}
+    for i, channel in enumerate(channels):
+        sequence, before, after = channel.cut(taken.get(i, []))
+        sequences.append(sequence)
+        for segments, side, pick in ((before, last_before, max), (after, first_after, min)):
+            for segment in segments:
+                if segment.source is None:
+                    return None
+                known = side.get(segment.source, segment.first_offset)
+                side[segment.source] = pick(known, segment.first_offset)
+    if any(last_before.get(p, -1) >= offset for p, offset in first_after.items()):
+        return None
+    return sequences, {**positions, **first_after}

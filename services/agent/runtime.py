@@ -851,12 +851,14 @@ class Agent(SubtaskCheckpointing):
             busy = self._collect_fetch(wait=False)
             busy |= self._collect_process(wait=False)
             busy |= self._recover_channels()
+            # a checkpoint aligned by the round that just ended is snapshotted before the next
+            # round takes what lies behind its barrier
+            self._snapshot_due()
             # stage 2 is submitted first and its Spark pool has priority (services.agent.spark):
             # the records a round brought are processed before the next round is read, while
             # stage 1 of the next round uses the cores stage 2 leaves
             busy |= self._start_process()
             self._start_fetch()
-            self._snapshot_due()
             stages = [self._fetching, self._processing, *self.restoring.futures]
             self._await_copies([f for f in stages if f is not None])
             self._send_acks()

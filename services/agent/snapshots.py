@@ -26,7 +26,7 @@ from fsspec.core import url_to_fs
 
 from services.agent import channel_state
 from services.agent.alignment import BarrierPolicy, Decision
-from services.agent.channels import Channel, Segment, SegmentFiles
+from services.agent.channels import Channel, Segment, SegmentFiles, earliest_cut
 from services.agent.faults import crash_point
 from services.agent.recovery import ChannelRecovery
 from services.agent.restore import SOURCE_FORMAT
@@ -153,6 +153,7 @@ class SubtaskCheckpointing:
     end_of_input: bool
     draining: Draining | None
     highest_trigger: int
+    _round: tuple[int, dict[int, list[Segment]]] | None
     latest_completed: str | None
     completed_checkpoints: list[int]
     aborted_checkpoints: list[int]
@@ -202,8 +203,7 @@ class SubtaskCheckpointing:
                 trigger.unaligned, trigger.aligned_checkpoint_timeout_ms,
                 trigger.snapshot_type.is_savepoint, pending.received * 1000,
             )  # fmt: skip
-            for channel in self.channels:
-                channel.add_barrier(checkpoint_id)
+            positions = self._place_barriers(checkpoint_id, pending.policy)
         # sources snapshot at once: exactly-once, their positions are where the barrier enters
         # the channels; at-least-once, where the oldest record not yet processed was read
         for i in range(self.parallelism):
@@ -226,6 +226,37 @@ class SubtaskCheckpointing:
             self._snapshot(checkpoint_id, pending)  # no alignment: the state as it stands
         elif pending.policy is not None and pending.policy.at_once:
             self._snapshot(checkpoint_id, pending, unaligned=True)  # no wait for the rounds
+
+    def _place_barriers(
+        self, checkpoint_id: int, policy: BarrierPolicy
+    ) -> dict[tuple[str, int], int] | None:
+        """Places the checkpoint's barrier in every channel; returns the source positions the
+        barrier stands for (None: where reading stands now).
+
+        An aligned barrier goes at the earliest consistent cut: right after the segments the
+        stage-2 round in flight took (before everything queued when none is), with the sources
+        snapshotted where the segments left behind it were read from. Those are read again
+        after a restore instead of being waited for: the checkpoint is aligned as soon as the
+        round in flight ends, not a round later (Spark's checkpoints cut between micro-batches
+        the same way). The cut is taken only where it splits no source fetch between the two
+        sides of the barrier, no restored channel state is queued and no earlier barrier waits;
+        else, and for unaligned checkpoints (their channel state is what is queued), the
+        barrier goes after everything queued, with the sources where reading stands."""
+        early = (
+            not policy.unaligned
+            and not self.restoring.holds_input()
+            and not any(c.barriers for c in self.channels)
+        )
+        taken = self._round[1] if self._round is not None else {}
+        cut = earliest_cut(self.channels, taken, self.source.positions) if early else None
+        if cut is None:
+            for channel in self.channels:
+                channel.add_barrier(checkpoint_id)
+            return None
+        sequences, positions = cut
+        for channel, sequence in zip(self.channels, sequences, strict=True):
+            channel.add_barrier(checkpoint_id, sequence)
+        return positions
 
     def _unprocessed_positions(self) -> dict[tuple[str, int], int]:
         """Where an at-least-once snapshot's sources restart: before every record still queued

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.agent.channels import Channel, SegmentFiles
+import pytest
+
+from services.agent.channels import Channel, SegmentFiles, earliest_cut
 
 
 def segment(tmp_path: Path, name: str, size: int = 10) -> str:
@@ -107,3 +109,60 @@ def test_before_barrier_is_what_an_unaligned_snapshot_carries(tmp_path: Path) ->
     assert [s.path for s in c.before_barrier(8)] == ["a", "b", "c"]  # no barrier: everything
     c.consumed(taken)
     assert c.before_barrier(7) == [] and c.aligned(7)
+
+
+# --- the earliest consistent cut for an aligned barrier ----------------------------------------------
+
+
+def fetched(channels: list[Channel], partition: int, first_offset: int, to: list[int]) -> None:
+    """One fetch of ``p<partition>`` from ``first_offset``, with a segment for each channel in
+    ``to``."""
+    for i in to:
+        channels[i].append(
+            f"f{first_offset}-p{partition}-s{i}", 10, 10, ("t", partition), first_offset
+        )
+
+
+def test_the_cut_follows_the_round_in_flight_and_rewinds_the_sources_to_what_it_left() -> None:
+    channels = [Channel(0), Channel(1)]
+    fetched(channels, 0, 100, [0, 1])
+    fetched(channels, 1, 500, [0, 1])
+    taken = {i: c.take(1_000) for i, c in enumerate(channels)}  # the round in flight
+    fetched(channels, 0, 150, [0, 1])  # read while it runs
+    cut = earliest_cut(channels, taken, {("t", 0): 200, ("t", 1): 600})
+    assert cut is not None
+    sequences, positions = cut
+    assert positions == {("t", 0): 150, ("t", 1): 600}  # p0's later fetch is read again
+    for channel, sequence in zip(channels, sequences, strict=True):
+        channel.add_barrier(7, sequence)
+        assert [s.path for s in channel.take(1_000)] == [s.path for s in taken[channel.subtask]]
+        channel.consumed(taken[channel.subtask])  # the round ends
+        assert channel.aligned(7)  # no further round needed
+
+
+def test_without_a_round_in_flight_the_cut_is_before_everything_queued() -> None:
+    channels = [Channel(0), Channel(1)]
+    fetched(channels, 0, 40, [0])
+    cut = earliest_cut(channels, {}, {("t", 0): 90})
+    assert cut is not None and cut[1] == {("t", 0): 40}
+    for channel, sequence in zip(channels, cut[0], strict=True):
+        channel.add_barrier(3, sequence)
+    assert all(c.aligned(3) for c in channels)  # a snapshot at once, the segment read again
+
+
+def test_no_cut_splits_a_fetch_between_channels_or_rewinds_restored_channel_state() -> None:
+    channels = [Channel(0), Channel(1)]
+    fetched(channels, 0, 100, [0, 1])
+    taken = {0: channels[0].take(1_000)}  # channel 1's share of that fetch was not taken
+    assert earliest_cut(channels, taken, {("t", 0): 200}) is None
+    restored = [Channel(0)]
+    restored[0].append_restored("restored", 10, 10)
+    assert earliest_cut(restored, {}, {}) is None
+
+
+def test_a_barrier_cannot_overtake_an_earlier_one() -> None:
+    channel = Channel(0)
+    channel.append("a", 1, 1)
+    channel.add_barrier(1)
+    with pytest.raises(ValueError, match="overtake"):
+        channel.add_barrier(2, 0)
