@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # (services/agent/class_archive.py)
 ARCHIVE := $(VENV)/share/sparkpoint/spark-driver.jsa
 
-.PHONY: install run test lint typecheck unit bench peers chaos compat lock clean
+.PHONY: install run test lint typecheck unit bench peers latency chaos compat lock clean
 
 install: $(STAMP) $(ARCHIVE)
 
@@ -57,6 +57,7 @@ bench: install
 	$(BIN)/python bench/unaligned.py
 	$(BIN)/python bench/failover.py
 	$(BIN)/python bench/recovery.py
+	$(MAKE) latency
 	$(MAKE) peers
 
 # sparkpoint against quixstreams and bytewax (bench/peers.py). The peers get a venv of their
@@ -69,6 +70,10 @@ $(PEERS)/.installed: bench/peers-requirements.txt
 
 peers: install $(PEERS)/.installed
 	$(BIN)/python bench/peers.py
+
+# End-to-end latency on live input, sparkpoint against the peers (bench/latency.py).
+latency: install $(PEERS)/.installed
+	$(BIN)/python bench/latency.py
 
 # Flink's own tools against sparkpoint (tests/e2e/test_flink_tools.py): the real Flink 2.3 CLI and
 # web dashboard from the apache-flink package (844 MB) and Playwright, in a venv of their own; the

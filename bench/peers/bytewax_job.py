@@ -19,6 +19,11 @@ moment the input closed e (the last source partition's ``snapshot()`` call for e
 the moment ``fronts`` first shows a frontier above e (read every 5 ms by frontier_watcher.py, a
 process of its own; SQLite's WAL lets it read while bytewax writes): Flink's trigger-to-completed
 span.
+
+``--live`` (bench/latency.py): the input is still being written, so the source waits for more
+at the end of its partitions (``tail=True``) and the dataflow runs until the process is stopped;
+no snapshot durations are measured (no watcher) and no figures are printed. Without it the run
+is the bounded one above.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from bytewax.dataflow import Dataflow
 from bytewax.inputs import StatefulSourcePartition
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
-from common import EMBEDDED_BROKER_CONSUMER, Clock, arguments, report
+from common import EMBEDDED_BROKER_CONSUMER, Clock, arguments, live_option, report
 
 
 class TimedPartition(StatefulSourcePartition[Any, Any]):
@@ -128,6 +133,7 @@ def encode(user_sum: tuple[str, int]) -> KafkaSinkMessage[bytes, bytes]:
 
 
 def main() -> None:
+    live = live_option()
     args = arguments(__doc__ or "")
     clock = Clock()
     db_dir = Path(args.work_dir)
@@ -138,9 +144,16 @@ def main() -> None:
         clock,
         brokers=[args.bootstrap],
         topics=[args.input],
-        tail=False,
+        tail=live,
         add_config=dict(EMBEDDED_BROKER_CONSUMER),
     )
+    if live:
+        cli_main(
+            dataflow(args, source),
+            epoch_interval=timedelta(seconds=1),
+            recovery_config=RecoveryConfig(db_dir),
+        )
+        return
     watcher = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("frontier_watcher.py")), str(db)],
         stdin=subprocess.PIPE,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
@@ -19,6 +20,15 @@ EMBEDDED_BROKER_CONSUMER = {
     "session.timeout.ms": 6000,
     "heartbeat.interval.ms": 1000,
 }
+
+
+def live_option() -> bool:
+    """``--live`` (bench/latency.py: the input is still being written), taken off the command
+    line before `arguments` parses the rest."""
+    if "--live" not in sys.argv:
+        return False
+    sys.argv.remove("--live")
+    return True
 
 
 def arguments(description: str) -> argparse.Namespace:

@@ -12,6 +12,10 @@ class is patched before the Application is built). One call is the whole of quix
 protocol: flush the sinks, produce the state changelogs, flush the producer (every output record
 of the checkpoint delivered), commit the transaction with the consumer offsets, flush RocksDB.
 Empty checkpoints are closed, not committed, and are not counted.
+
+``--live`` (bench/latency.py): the input is still being written, so the run does not stop after
+``--records`` outputs; it runs until SIGTERM (quixstreams then commits and stops) and prints no
+figures. Without it the run is the bounded one above.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import importlib.metadata
 import time
 from typing import Any
 
-from common import EMBEDDED_BROKER_CONSUMER, Clock, arguments, report
+from common import EMBEDDED_BROKER_CONSUMER, Clock, arguments, live_option, report
 from quixstreams import Application, State
 from quixstreams.checkpointing import Checkpoint
 
@@ -44,6 +48,7 @@ def time_commits() -> None:
 
 
 def main() -> None:
+    live = live_option()
     args = arguments(__doc__ or "")
     clock = Clock()
     time_commits()
@@ -67,6 +72,9 @@ def main() -> None:
         return {"user": value["user"], "sum": total}
 
     app.dataframe(source).apply(running_sum, stateful=True).to_topic(sink)
+    if live:
+        app.run()
+        return
     app.run(count=args.records, collect=False)
     clock.done = time.monotonic()
     report(
