@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Spark's driver classes, parsed and verified once: an agent's session starts 4-7 s sooner
-# (services/agent/class_archive.py)
+# (services/sparkpoint/agent/class_archive.py)
 ARCHIVE := $(VENV)/share/sparkpoint/spark-driver.jsa
 
 .PHONY: install run test lint typecheck unit bench peers latency chaos compat lock clean
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 $(ARCHIVE): $(STAMP)
-	$(BIN)/python -m services.agent.class_archive $(ARCHIVE)
+	$(BIN)/python -m sparkpoint.agent.class_archive $(ARCHIVE)
 
 run: install
 	$(BIN)/sparkpoint demo
@@ -39,7 +39,7 @@ typecheck: install
 # sparkpoint's own modules are compiled once here, not again in every coordinator, agent and
 # Spark worker process the tests start (0.25 s each, measured).
 test: lint typecheck
-	$(BIN)/python -m compileall -q services > /dev/null
+	$(BIN)/python -m compileall -q services/sparkpoint > /dev/null
 	$(BIN)/pytest
 
 unit: install

@@ -56,11 +56,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recording import RESULTS_DIR, percentiles, write_results
 
-from services.agent.example import generate, payments, reference_output
-from services.agent.sinks.kafka import TRANSACTION_HEADER
-from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker, free_port
-from services.common.events import (
+from sparkpoint.agent.example import generate, payments, reference_output
+from sparkpoint.agent.sinks.kafka import TRANSACTION_HEADER
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.broker import EmbeddedBroker, free_port
+from sparkpoint.common.events import (
     AcknowledgeCheckpoint,
     AgentHeartbeat,
     CheckpointEventType,
@@ -84,7 +84,7 @@ from services.common.events import (
     Subtask,
     TriggerCheckpoint,
 )
-from services.common.kafka import (
+from sparkpoint.common.kafka import (
     consumer_config,
     make_admin,
     make_consumer,
@@ -92,7 +92,7 @@ from services.common.kafka import (
     replay_topic,
     true_end_offset,
 )
-from services.common.topics import (
+from sparkpoint.common.topics import (
     ACKS,
     CHECKPOINT_EVENTS,
     CHECKPOINT_OVERRIDES,
@@ -238,7 +238,7 @@ class Campaign:
         port = free_port()
         out = open(self.root / "logs" / f"coordinator-{port}.log", "wb")  # noqa: SIM115
         process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "-v", "coordinator", "--bootstrap",
+            [sys.executable, "-m", "sparkpoint.cli", "-v", "coordinator", "--bootstrap",
              self.bootstrap, "--rest-port", str(port), "--config", str(self.config)],
             cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -263,7 +263,7 @@ class Campaign:
         job.starts += 1
         out = open(job.log_dir / f"{job.name}-{job.starts}.log", "wb")  # noqa: SIM115
         job.process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "-v", "agent", "bench/chaos_job.py:job",
+            [sys.executable, "-m", "sparkpoint.cli", "-v", "agent", "bench/chaos_job.py:job",
              "--bootstrap", self.bootstrap, "--master", "local[2]",
              "--checkpoint-dir", str(self.root / "checkpoints"), "--restore", "latest", *extra],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from services.agent.example import example_job
-from services.agent.job import FileSink, Job, KafkaSink, KafkaSource
+from sparkpoint.agent.example import example_job
+from sparkpoint.agent.job import FileSink, Job, KafkaSink, KafkaSource
 
 SETTINGS = {
     "execution.checkpointing.interval": "1s",

@@ -33,15 +33,15 @@ from recording import percentiles, start_coordinator, write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.agent.example import example_job, generate
-from services.agent.runtime import Agent, AgentOptions
-from services.agent.spark import spark_session
-from services.agent.standalone import StandaloneCluster
-from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker
-from services.common.events import CheckpointEventType, CheckpointLifecycleEvent
-from services.common.kafka import replay_topic
-from services.common.topics import CHECKPOINT_EVENTS
+from sparkpoint.agent.example import example_job, generate
+from sparkpoint.agent.runtime import Agent, AgentOptions
+from sparkpoint.agent.spark import spark_session
+from sparkpoint.agent.standalone import StandaloneCluster
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.broker import EmbeddedBroker
+from sparkpoint.common.events import CheckpointEventType, CheckpointLifecycleEvent
+from sparkpoint.common.kafka import replay_topic
+from sparkpoint.common.topics import CHECKPOINT_EVENTS
 from tests.s3_server import start_s3_server
 
 RECORDS = 400_000

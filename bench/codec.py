@@ -19,8 +19,8 @@ from typing import Any
 import fastavro
 from recording import write_results
 
-from services.common.avro import HEADER_SIZE, EventCodec
-from services.common.events import AcknowledgeCheckpoint, StateHandle, StateHandleKind
+from sparkpoint.common.avro import HEADER_SIZE, EventCodec
+from sparkpoint.common.events import AcknowledgeCheckpoint, StateHandle, StateHandleKind
 
 ROUNDS = 5
 ITERATIONS = 20_000
@@ -128,7 +128,7 @@ def main() -> None:
         },
         "sparkpoint_vs_json": round(rates["sparkpoint"] / rates["json"], 2),
         "how": "sparkpoint encodes and decodes with readers and writers compiled per event class "
-        "(services/common/avro_compiled.py); older schema versions are read through fastavro",
+        "(services/sparkpoint/common/avro_compiled.py); older schema versions are read through fastavro",
     }
     path = write_results("codec", results)
     width = max(map(len, rates))

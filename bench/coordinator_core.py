@@ -17,23 +17,23 @@ import time
 
 from recording import write_results
 
-from services.common.clock import TimerQueue
-from services.common.events import (
+from sparkpoint.common.clock import TimerQueue
+from sparkpoint.common.events import (
     AcknowledgeCheckpoint,
     StateHandle,
     StateHandleKind,
     TriggerCheckpoint,
 )
-from services.common.settings import CheckpointConfig
-from services.coordinator.commands import (
+from sparkpoint.common.settings import CheckpointConfig
+from sparkpoint.coordinator.commands import (
     CancelTimer,
     FinalizeCheckpoint,
     Publish,
     ScheduleTimer,
     Timer,
 )
-from services.coordinator.coordinator import CheckpointCoordinator, JobInfo
-from services.coordinator.store import InMemoryCheckpointIdCounter
+from sparkpoint.coordinator.coordinator import CheckpointCoordinator, JobInfo
+from sparkpoint.coordinator.store import InMemoryCheckpointIdCounter
 
 JOBS = 1000
 SUBTASKS = 8

@@ -4,7 +4,7 @@ bench/results/coordinator_latency.json.
 
 Two runs, each a fresh coordinator (real Kafka I/O, transactions, timers, ``_metadata`` files;
 the roots in memory unless ``--storage-dir`` says otherwise, see `recording.storage_dir`) on a
-thread of this process, with a step trace installed (`services.coordinator.trace`):
+thread of this process, with a step trace installed (`sparkpoint.coordinator.trace`):
 - one job of 8 subtasks, checkpoint interval 200 ms;
 - 1,000 jobs of 4 subtasks, interval 1 s.
 
@@ -53,7 +53,7 @@ from recording import (
     write_results,
 )
 
-from services.coordinator.trace import wall_ms
+from sparkpoint.coordinator.trace import wall_ms
 
 PARTITIONS = 6
 WARMUP_S = 3.0
@@ -87,8 +87,8 @@ def fleet_agent(
     os.environ["SPARKPOINT_TOPIC_PREFIX"] = prefix
     from confluent_kafka import TopicPartition
 
-    from services.common.avro import EventCodec
-    from services.common.events import (
+    from sparkpoint.common.avro import EventCodec
+    from sparkpoint.common.events import (
         AcknowledgeCheckpoint,
         JobRegistered,
         JobStatus,
@@ -98,15 +98,15 @@ def fleet_agent(
         Subtask,
         TriggerCheckpoint,
     )
-    from services.common.kafka import (
+    from sparkpoint.common.kafka import (
         ConsumerProfile,
         EventPublisher,
         EventSubscriber,
         make_consumer,
         make_producer,
     )
-    from services.common.keygroups import key_group_range
-    from services.common.topics import ACKS, CONTROL, JOBS
+    from sparkpoint.common.keygroups import key_group_range
+    from sparkpoint.common.topics import ACKS, CONTROL, JOBS
 
     codec = EventCodec()
     # sent at once, as the agents' own producers do (no linger)
@@ -176,7 +176,7 @@ def scenario(
     seconds: float,
     cprofile: bool = False,
 ) -> dict[str, object]:
-    from services.coordinator.trace import StepTrace
+    from sparkpoint.coordinator.trace import StepTrace
 
     prefix = f"b{uuid.uuid4().hex[:8]}."
     os.environ["SPARKPOINT_TOPIC_PREFIX"] = prefix
@@ -276,16 +276,16 @@ def guarantee_cost(bootstrap: str, rounds: int = 300) -> dict[str, object]:
     topic's partition 0. Transactional: begin, produce, commit (as the coordinator's writer does;
     its fixed transactional.id is what fences a previous owner). Plain: an idempotent producer
     (acks=all) and its delivery reports, which durability alone would need."""
-    from services.common.avro import EventCodec
-    from services.common.events import (
+    from sparkpoint.common.avro import EventCodec
+    from sparkpoint.common.events import (
         CheckpointEventType,
         CheckpointLifecycleEvent,
         CheckpointStoreRecord,
         SnapshotType,
         TriggerCheckpoint,
     )
-    from services.common.kafka import make_admin, make_producer
-    from services.common.topics import CHECKPOINT_EVENTS, CHECKPOINT_STORE, CONTROL, create_topics
+    from sparkpoint.common.kafka import make_admin, make_producer
+    from sparkpoint.common.topics import CHECKPOINT_EVENTS, CHECKPOINT_STORE, CONTROL, create_topics
 
     os.environ["SPARKPOINT_TOPIC_PREFIX"] = f"g{uuid.uuid4().hex[:8]}."
     create_topics(make_admin(bootstrap), partitions=PARTITIONS)
@@ -348,8 +348,8 @@ def main() -> None:
         "--storage-dir", help="where the checkpoint roots go (default: /dev/shm where it exists)"
     )
     args = parser.parse_args()
-    from services.common.broker import EmbeddedBroker
-    from services.coordinator.main import tune_collector
+    from sparkpoint.common.broker import EmbeddedBroker
+    from sparkpoint.coordinator.main import tune_collector
 
     storage = Path(
         tempfile.mkdtemp(prefix="sparkpoint-latency-", dir=storage_dir(args.storage_dir))

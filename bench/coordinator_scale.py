@@ -162,7 +162,7 @@ def main() -> None:
         help="also run 1 instance with the most jobs with the roots in the temporary directory",
     )
     args = parser.parse_args()
-    from services.common.broker import EmbeddedBroker
+    from sparkpoint.common.broker import EmbeddedBroker
 
     storage = storage_dir(args.storage_dir)
     disk = Path(tempfile.gettempdir())

@@ -30,15 +30,15 @@ from pathlib import Path
 
 from recording import percentiles, start_coordinator, write_results
 
-from services.agent.example import PaymentStats, example_job, generate, payments, reference_output
-from services.agent.job import KafkaSink, KafkaSource, KeyedState
-from services.agent.runtime import Agent, AgentOptions
-from services.agent.spark import spark_session
-from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker
-from services.common.events import CheckpointEventType, CheckpointLifecycleEvent
-from services.common.kafka import replay_topic
-from services.common.topics import CHECKPOINT_EVENTS
+from sparkpoint.agent.example import PaymentStats, example_job, generate, payments, reference_output
+from sparkpoint.agent.job import KafkaSink, KafkaSource, KeyedState
+from sparkpoint.agent.runtime import Agent, AgentOptions
+from sparkpoint.agent.spark import spark_session
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.broker import EmbeddedBroker
+from sparkpoint.common.events import CheckpointEventType, CheckpointLifecycleEvent
+from sparkpoint.common.kafka import replay_topic
+from sparkpoint.common.topics import CHECKPOINT_EVENTS
 
 RECORDS = 600_000
 FAILURES = 20
@@ -206,7 +206,7 @@ def read_sink(bootstrap: str, topic: str) -> list[tuple[str, str, int, int]]:
 
     from confluent_kafka import Consumer, TopicPartition
 
-    from services.common.kafka import consumer_config, true_end_offset
+    from sparkpoint.common.kafka import consumer_config, true_end_offset
 
     consumer = Consumer(consumer_config(bootstrap, read_committed=True))
     out = []

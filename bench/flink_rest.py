@@ -53,8 +53,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--requests", type=int, default=REQUESTS)
     args = parser.parse_args()
-    from services.common.broker import EmbeddedBroker
-    from services.common.flink_ids import flink_job_id
+    from sparkpoint.common.broker import EmbeddedBroker
+    from sparkpoint.common.flink_ids import flink_job_id
 
     prefix = f"f{uuid.uuid4().hex[:8]}."
     os.environ["SPARKPOINT_TOPIC_PREFIX"] = prefix

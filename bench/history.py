@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker
-from services.common.events import (
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.broker import EmbeddedBroker
+from sparkpoint.common.events import (
     CheckpointEventType,
     CheckpointFailureReason,
     CheckpointLifecycleEvent,
@@ -34,8 +34,14 @@ from services.common.events import (
     SnapshotType,
     Subtask,
 )
-from services.common.kafka import make_admin, make_producer
-from services.common.topics import CHECKPOINT_EVENTS, CONFIG_CHANGES, JOBS, TopicSpec, create_topics
+from sparkpoint.common.kafka import make_admin, make_producer
+from sparkpoint.common.topics import (
+    CHECKPOINT_EVENTS,
+    CONFIG_CHANGES,
+    JOBS,
+    TopicSpec,
+    create_topics,
+)
 from tests.running_history import HistoryProcess
 
 EVENTS = 100_000

@@ -4,7 +4,7 @@ Writes bench/results/latency.json.
 
 Workloads (each input topic and each output topic has 4 partitions):
 
-- ``example``: the bundled example job (``services.agent.example``) over payments keyed by
+- ``example``: the bundled example job (``sparkpoint.agent.example``) over payments keyed by
   account (``payments()``); each payment's ``"total"`` output carries its id; the 5% refunds
   are dropped by the job and have no output;
 - ``peers``: bench/peers.py's workload, ``{"user": "u<k>", "amount": 1..1000}`` over 10,000
@@ -96,11 +96,11 @@ import numpy as np
 from peers import TOPIC_CONFIG, workload
 from recording import CoordinatorProcess, cpu_seconds, write_results
 
-from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker
-from services.common.events import SinkEpochPublished
-from services.common.kafka import make_admin, replay_topic
-from services.common.topics import SINK_MARKERS
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.broker import EmbeddedBroker
+from sparkpoint.common.events import SinkEpochPublished
+from sparkpoint.common.kafka import make_admin, replay_topic
+from sparkpoint.common.topics import SINK_MARKERS
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
@@ -378,7 +378,7 @@ def sparkpoint_env(
 
 def sparkpoint_command(ctx: Context) -> list[str]:
     return [
-        sys.executable, "-m", "services.cli", "-v", "agent", f"{BENCH / 'latency_job.py'}:job",
+        sys.executable, "-m", "sparkpoint.cli", "-v", "agent", f"{BENCH / 'latency_job.py'}:job",
         "--bootstrap", ctx.bootstrap, "--checkpoint-dir", str(ctx.root / "checkpoints"),
         "--master", "local[2]",
     ]  # fmt: skip

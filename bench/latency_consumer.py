@@ -34,13 +34,13 @@ from collections.abc import Callable
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from services.common.kafka import ConsumerProfile, consumer_config
+from sparkpoint.common.kafka import ConsumerProfile, consumer_config
 
 WARMUP_BASE = 1 << 40
 """As latency_feed.WARMUP_BASE."""
 SUM_BITS = 40
 TRANSACTION_HEADER = "sparkpoint.transaction"
-"""services.agent.sinks.kafka.TRANSACTION_HEADER (not imported: that module brings Spark's
+"""sparkpoint.agent.sinks.kafka.TRANSACTION_HEADER (not imported: that module brings Spark's
 and pandas' import time to a process that only reads)."""
 WARMUP = -1
 OTHER = -2

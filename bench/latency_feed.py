@@ -36,8 +36,8 @@ import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 from peers import workload
 
-from services.agent.example import ACCOUNTS, START_MS, Payment, payments
-from services.common.kafka import producer_config
+from sparkpoint.agent.example import ACCOUNTS, START_MS, Payment, payments
+from sparkpoint.common.kafka import producer_config
 
 WARMUP_BASE = 1 << 40
 """Example workload: warm-up payments have ids from here on (measured ids are 0..N-1)."""

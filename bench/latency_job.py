@@ -2,7 +2,7 @@
 as a user would, ``sparkpoint agent bench/latency_job.py:job`` in a process of its own, so the
 job is a function of environment variables rather than of arguments:
 
-- ``LATENCY_WORKLOAD``: ``example`` (the bundled example job, ``services.agent.example``:
+- ``LATENCY_WORKLOAD``: ``example`` (the bundled example job, ``sparkpoint.agent.example``:
   running totals and 10 s window counts per account over payments, refunds dropped) or
   ``peers`` (bench/peers.py's workload: a running sum per user, every updated sum written);
 - ``LATENCY_NAME`` (the job id), ``LATENCY_INPUT`` and ``LATENCY_OUTPUT`` (topics);
@@ -26,8 +26,8 @@ from typing import ClassVar
 
 import pandas as pd
 
-from services.agent.example import example_job
-from services.agent.job import (
+from sparkpoint.agent.example import example_job
+from sparkpoint.agent.job import (
     DeliveryGuarantee,
     Job,
     KafkaSink,

@@ -51,10 +51,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 from recording import percentiles, start_coordinator, write_results
 
-from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker
-from services.common.events import CheckpointEventType, CheckpointLifecycleEvent
-from services.common.kafka import (
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.broker import EmbeddedBroker
+from sparkpoint.common.events import CheckpointEventType, CheckpointLifecycleEvent
+from sparkpoint.common.kafka import (
     ConsumerProfile,
     consumer_config,
     make_admin,
@@ -63,7 +63,7 @@ from services.common.kafka import (
     replay_topic,
     true_end_offset,
 )
-from services.common.topics import CHECKPOINT_EVENTS
+from sparkpoint.common.topics import CHECKPOINT_EVENTS
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "peers"

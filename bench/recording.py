@@ -111,12 +111,12 @@ def start_coordinator(bootstrap: str, root: Path | str, partitions: int = 6) -> 
     import asyncio
     import threading
 
-    from services.common.broker import free_port
-    from services.common.kafka import make_admin
-    from services.common.settings import CheckpointConfig
-    from services.common.topics import create_topics
-    from services.coordinator.main import serve
-    from services.coordinator.service import CoordinatorService, ServiceSettings
+    from sparkpoint.common.broker import free_port
+    from sparkpoint.common.kafka import make_admin
+    from sparkpoint.common.settings import CheckpointConfig
+    from sparkpoint.common.topics import create_topics
+    from sparkpoint.coordinator.main import serve
+    from sparkpoint.coordinator.service import CoordinatorService, ServiceSettings
 
     create_topics(make_admin(bootstrap), partitions=partitions)
     defaults = CheckpointConfig(
@@ -145,9 +145,9 @@ class CoordinatorProcess:
 
         import httpx
 
-        from services.common.broker import free_port
-        from services.common.kafka import make_admin
-        from services.common.topics import create_topics
+        from sparkpoint.common.broker import free_port
+        from sparkpoint.common.kafka import make_admin
+        from sparkpoint.common.topics import create_topics
 
         create_topics(make_admin(bootstrap), partitions=partitions)
         config = root / "coordinator.yaml"
@@ -159,7 +159,7 @@ class CoordinatorProcess:
         self.log = open(root / "coordinator.log", "wb")  # noqa: SIM115  # closed by stop()
         self.process = subprocess.Popen(
             [
-                sys.executable, "-m", "services.cli", "coordinator", "--bootstrap", bootstrap,
+                sys.executable, "-m", "sparkpoint.cli", "coordinator", "--bootstrap", bootstrap,
                 "--rest-port", self.url.rsplit(":", 1)[1], "--config", str(config),
             ],
             stdout=self.log, stderr=subprocess.STDOUT,

@@ -39,20 +39,20 @@ from unittest import mock
 
 from recording import start_coordinator, write_results
 
-from services.agent import channel_state
-from services.agent.channels import Channel, Segment
-from services.agent.example import example_job, generate, payments, positive
-from services.agent.formats import JsonValues
-from services.agent.recovery import ChannelRecovery, FilterResult, FilterTask, filter_restored
-from services.agent.restore import SOURCE_FORMAT
-from services.agent.runtime import Agent, AgentOptions
-from services.agent.spark import spark_session
-from services.agent.stages import KEY_GROUP_COLUMN, to_ipc
-from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker
-from services.common.events import SnapshotType, StateHandle, StateHandleKind
-from services.common.keygroups import key_group_range, key_groups
-from services.common.metadata import Handle, SnapshotMetadata, SubtaskState
+from sparkpoint.agent import channel_state
+from sparkpoint.agent.channels import Channel, Segment
+from sparkpoint.agent.example import example_job, generate, payments, positive
+from sparkpoint.agent.formats import JsonValues
+from sparkpoint.agent.recovery import ChannelRecovery, FilterResult, FilterTask, filter_restored
+from sparkpoint.agent.restore import SOURCE_FORMAT
+from sparkpoint.agent.runtime import Agent, AgentOptions
+from sparkpoint.agent.spark import spark_session
+from sparkpoint.agent.stages import KEY_GROUP_COLUMN, to_ipc
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.broker import EmbeddedBroker
+from sparkpoint.common.events import SnapshotType, StateHandle, StateHandleKind
+from sparkpoint.common.keygroups import key_group_range, key_groups
+from sparkpoint.common.metadata import Handle, SnapshotMetadata, SubtaskState
 from tests.s3_server import start_s3_server
 
 MB = 1024 * 1024
@@ -242,7 +242,7 @@ def object_store_split(data: bytes) -> dict[str, float]:
     next files fetched ahead (four at a time) and one at a time: restored MB/s each."""
     import s3fs
 
-    from services.agent import recovery
+    from sparkpoint.agent import recovery
 
     s3 = start_s3_server()
     try:

@@ -41,20 +41,20 @@ from typing import Any
 import pandas as pd
 from recording import CoordinatorProcess, percentiles, write_results
 
-from services.agent.channels import DEFAULT_CAPACITY_BYTES
-from services.agent.example import PaymentStats, ensure_topic, example_job, generate
-from services.agent.job import KeyedState
-from services.agent.runtime import MAX_ROWS_PER_ROUND, Agent, AgentOptions
-from services.agent.spark import spark_session
-from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker
-from services.common.events import (
+from sparkpoint.agent.channels import DEFAULT_CAPACITY_BYTES
+from sparkpoint.agent.example import PaymentStats, ensure_topic, example_job, generate
+from sparkpoint.agent.job import KeyedState
+from sparkpoint.agent.runtime import MAX_ROWS_PER_ROUND, Agent, AgentOptions
+from sparkpoint.agent.spark import spark_session
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.broker import EmbeddedBroker
+from sparkpoint.common.events import (
     AcknowledgeCheckpoint,
     CheckpointEventType,
     CheckpointLifecycleEvent,
 )
-from services.common.kafka import replay_topic
-from services.common.topics import ACKS, CHECKPOINT_EVENTS
+from sparkpoint.common.kafka import replay_topic
+from sparkpoint.common.topics import ACKS, CHECKPOINT_EVENTS
 
 ROWS_PER_SECOND = 4_000
 """Stage 2's throttled rate, over both subtasks."""
@@ -272,7 +272,7 @@ def main() -> None:
         ensure_topic(bootstrap, "demo-payments")
         feeder = subprocess.Popen(
             [
-                sys.executable, "-m", "services.cli", "generate", "--bootstrap", bootstrap,
+                sys.executable, "-m", "sparkpoint.cli", "generate", "--bootstrap", bootstrap,
                 "--topic", "demo-payments", "--rate", str(DEMO_RATE),
                 "--count", str(DEMO_RATE * (DEMO_SECONDS + 20)),
             ],

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from services.agent.example import PaymentStats, example_job
-from services.agent.job import (
+from sparkpoint.agent.example import PaymentStats, example_job
+from sparkpoint.agent.job import (
     DeliveryGuarantee,
     FileSink,
     Job,

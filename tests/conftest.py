@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker
-from services.common.kafka import make_admin
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.broker import EmbeddedBroker
+from sparkpoint.common.kafka import make_admin
 
 if TYPE_CHECKING:
     from tests.running_history import HistoryProcess
@@ -92,7 +92,7 @@ def embedded_only(kafka: KafkaUnderTest) -> KafkaUnderTest:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """One Spark session for the whole run: a session takes 12-18 s to its first result here."""
-    from services.agent.spark import spark_session
+    from sparkpoint.agent.spark import spark_session
 
     session = spark_session("sparkpoint-tests", master="local[2]")
     yield session
@@ -131,7 +131,7 @@ def new_topic(kafka: KafkaUnderTest) -> Iterator[Callable[..., str]]:
 @pytest.fixture
 def history(kafka: KafkaUnderTest, topic_prefix: str, tmp_path: Path) -> Iterator[HistoryProcess]:
     """The history service as a process (not started), on the test's topics; killed after."""
-    from services.common.topics import create_topics
+    from sparkpoint.common.topics import create_topics
     from tests.running_history import HistoryProcess
 
     create_topics(make_admin(kafka.bootstrap), partitions=2)

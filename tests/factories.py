@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.common.events import (
+from sparkpoint.common.events import (
     AcknowledgeCheckpoint,
     AgentHeartbeat,
     CancelJob,
@@ -34,7 +34,7 @@ from services.common.events import (
     Subtask,
     TriggerCheckpoint,
 )
-from services.common.keygroups import key_group_range
+from sparkpoint.common.keygroups import key_group_range
 
 T0 = 1_790_000_000_000
 JOB = "job-0001"

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import httpx
 
-from services.common.avro import EventCodec
-from services.common.broker import free_port
-from services.common.kafka import make_admin
-from services.common.settings import CheckpointConfig
-from services.common.topics import create_topics
-from services.coordinator.flink_compat import WebUi
-from services.coordinator.main import serve
-from services.coordinator.service import CoordinatorService, ServiceSettings
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.broker import free_port
+from sparkpoint.common.kafka import make_admin
+from sparkpoint.common.settings import CheckpointConfig
+from sparkpoint.common.topics import create_topics
+from sparkpoint.coordinator.flink_compat import WebUi
+from sparkpoint.coordinator.main import serve
+from sparkpoint.coordinator.service import CoordinatorService, ServiceSettings
 from tests.conftest import KafkaUnderTest
 from tests.scripted_agent import ScriptedAgent
 

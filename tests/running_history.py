@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from services.common.broker import free_port
+from sparkpoint.common.broker import free_port
 
 SPARKPOINT = str(Path(sys.executable).parent / "sparkpoint")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from services.common.broker import free_port
+from sparkpoint.common.broker import free_port
 
 MOTO_SERVER = str(Path(sys.executable).parent / "moto_server")
 

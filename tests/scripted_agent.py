@@ -17,8 +17,8 @@ from pathlib import Path
 
 from confluent_kafka import TopicPartition
 
-from services.common.avro import EventCodec
-from services.common.events import (
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import (
     AcknowledgeCheckpoint,
     AgentHeartbeat,
     CancelJob,
@@ -36,10 +36,10 @@ from services.common.events import (
     Subtask,
     TriggerCheckpoint,
 )
-from services.common.kafka import EventPublisher, EventSubscriber, make_consumer, make_producer
-from services.common.keygroups import key_group_range
-from services.common.limits import HEARTBEAT_INTERVAL_MS
-from services.common.topics import ACKS, CONTROL, JOBS
+from sparkpoint.common.kafka import EventPublisher, EventSubscriber, make_consumer, make_producer
+from sparkpoint.common.keygroups import key_group_range
+from sparkpoint.common.limits import HEARTBEAT_INTERVAL_MS
+from sparkpoint.common.topics import ACKS, CONTROL, JOBS
 
 
 class Action(enum.Enum):

@@ -21,7 +21,7 @@ from typing import ClassVar
 import pandas as pd
 from common import Clock, arguments, report
 
-from services.agent.job import (
+from sparkpoint.agent.job import (
     Job,
     KafkaSink,
     KafkaSource,
@@ -30,9 +30,9 @@ from services.agent.job import (
     StateDescriptor,
     ValueState,
 )
-from services.agent.runtime import Agent, AgentOptions
-from services.common.avro import EventCodec
-from services.common.events import JobStatus
+from sparkpoint.agent.runtime import Agent, AgentOptions
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import JobStatus
 
 SETTINGS = {
     "execution.checkpointing.interval": "1s",

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.broker import free_port, wait_for_metadata
-from services.common.events import EVENT_TYPES
+from sparkpoint.common.broker import free_port, wait_for_metadata
+from sparkpoint.common.events import EVENT_TYPES
 from tests.conftest import KafkaUnderTest
 
 SPARKPOINT = str(Path(sys.executable).parent / "sparkpoint")

@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.avro import EventCodec
-from services.common.broker import free_port
-from services.common.events import TriggerCheckpoint
-from services.common.kafka import make_admin
-from services.common.topics import create_topics
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.broker import free_port
+from sparkpoint.common.events import TriggerCheckpoint
+from sparkpoint.common.kafka import make_admin
+from sparkpoint.common.topics import create_topics
 from tests.conftest import KafkaUnderTest
 from tests.scripted_agent import Action, Answer, Script, ScriptedAgent
 

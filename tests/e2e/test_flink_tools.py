@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
-from services.agent.example import generate, payments, reference_output
-from services.agent.runtime import Agent, AgentOptions
-from services.common.avro import EventCodec
-from services.common.events import JobStatus
-from services.common.flink_ids import flink_job_id
-from services.coordinator.flink_compat import WebUi
+from sparkpoint.agent.example import generate, payments, reference_output
+from sparkpoint.agent.runtime import Agent, AgentOptions
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import JobStatus
+from sparkpoint.common.flink_ids import flink_job_id
+from sparkpoint.coordinator.flink_compat import WebUi
 from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_agent import difference, read_output

@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from services.common.avro import EventCodec
-from services.common.events import (
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import (
     CheckpointEventType,
     CheckpointFailureReason,
     CheckpointLifecycleEvent,
@@ -37,8 +37,8 @@ from services.common.events import (
     SnapshotType,
     Subtask,
 )
-from services.common.kafka import EventPublisher, make_producer
-from services.common.topics import (
+from sparkpoint.common.kafka import EventPublisher, make_producer
+from sparkpoint.common.topics import (
     CHECKPOINT_EVENTS,
     CONFIG_CHANGES,
     JOBS,

@@ -26,14 +26,14 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from services.agent.example import ensure_topic, generate, payments, reference_output
-from services.agent.formats import AvroValues, ConfluentAvroValues
-from services.agent.job import DeliveryGuarantee, FileSource, Job, KafkaSink, KafkaSource
-from services.agent.restore import NoCheckpoint
-from services.agent.runtime import Agent, AgentOptions
-from services.agent.sinks.kafka import TRANSACTION_HEADER
-from services.common.avro import EventCodec
-from services.common.events import (
+from sparkpoint.agent.example import ensure_topic, generate, payments, reference_output
+from sparkpoint.agent.formats import AvroValues, ConfluentAvroValues
+from sparkpoint.agent.job import DeliveryGuarantee, FileSource, Job, KafkaSink, KafkaSource
+from sparkpoint.agent.restore import NoCheckpoint
+from sparkpoint.agent.runtime import Agent, AgentOptions
+from sparkpoint.agent.sinks.kafka import TRANSACTION_HEADER
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import (
     CheckpointEventType,
     CheckpointFailureReason,
     CheckpointLifecycleEvent,
@@ -41,14 +41,14 @@ from services.common.events import (
     JobStatus,
     SinkEpochPublished,
 )
-from services.common.kafka import (
+from sparkpoint.common.kafka import (
     EventPublisher,
     consumer_config,
     make_producer,
     replay_topic,
     true_end_offset,
 )
-from services.common.topics import CHECKPOINT_EVENTS, CONTROL, SINK_MARKERS
+from sparkpoint.common.topics import CHECKPOINT_EVENTS, CONTROL, SINK_MARKERS
 from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_formats import STAT, V1, V2, confluent, reference_read, reference_schema
@@ -202,7 +202,7 @@ def agent_process(
     if crash_at:
         env["SPARKPOINT_CRASH_AT"] = crash_at
     command = [
-        sys.executable, "-m", "services.cli", "-v", "agent", "tests/agent_jobs.py:job",
+        sys.executable, "-m", "sparkpoint.cli", "-v", "agent", "tests/agent_jobs.py:job",
         "--bootstrap", coordinator.bootstrap, "--master", "local[2]",
         "--checkpoint-dir", str(coordinator.root / "checkpoints"), *args,
     ]  # fmt: skip
@@ -322,7 +322,7 @@ def test_avro_values_in_and_out_with_two_schema_ids_and_bad_values_skipped(
     source = KafkaSource([topic], True, 2_000, ConfluentAvroValues(schemas={1: V1, 2: V2}))
     job = replace(job, source=source, sink=KafkaSink(output, value_format=AvroValues(STAT)))
 
-    with caplog.at_level("WARNING", logger="services.agent.runtime"):
+    with caplog.at_level("WARNING", logger="sparkpoint.agent.runtime"):
         status, _ = run_in_process(job, coordinator, spark)
 
     assert status is JobStatus.FINISHED

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
-from services.agent.example import generate, payments, reference_output
-from services.agent.runtime import Agent
-from services.agent.sinks import kafka as sink_kafka
-from services.agent.sinks.kafka import KafkaSinkWriter, Publish
-from services.common.events import JobStatus
+from sparkpoint.agent.example import generate, payments, reference_output
+from sparkpoint.agent.runtime import Agent
+from sparkpoint.agent.sinks import kafka as sink_kafka
+from sparkpoint.agent.sinks.kafka import KafkaSinkWriter, Publish
+from sparkpoint.common.events import JobStatus
 from tests import agent_jobs
 from tests.agent_jobs import AlwaysFailing, FailingOnce, build
 from tests.conftest import KafkaUnderTest

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from services.agent import channel_state
-from services.agent.runtime import Agent
-from services.agent.stages import KEY_GROUP_COLUMN, from_ipc
-from services.common.events import JobStatus
-from services.common.keygroups import key_group_range
+from sparkpoint.agent import channel_state
+from sparkpoint.agent.runtime import Agent
+from sparkpoint.agent.stages import KEY_GROUP_COLUMN, from_ipc
+from sparkpoint.common.events import JobStatus
+from sparkpoint.common.keygroups import key_group_range
 from tests import agent_jobs
 from tests.agent_jobs import Slow, build
 from tests.integration.test_agent import (

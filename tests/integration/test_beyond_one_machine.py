@@ -20,12 +20,12 @@ import pyarrow.parquet as pq
 import pytest
 import s3fs
 
-from services.agent.example import generate, payments, reference_output
-from services.agent.runtime import Agent, AgentOptions
-from services.agent.standalone import StandaloneCluster
-from services.common.avro import EventCodec
-from services.common.events import JobStatus
-from services.common.storage import PathOutsideRoots, Storage
+from sparkpoint.agent.example import generate, payments, reference_output
+from sparkpoint.agent.runtime import Agent, AgentOptions
+from sparkpoint.agent.standalone import StandaloneCluster
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import JobStatus
+from sparkpoint.common.storage import PathOutsideRoots, Storage
 from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_agent import Output, difference, killed, read_output
@@ -97,7 +97,7 @@ def agent(
     if crash_at:
         env["SPARKPOINT_CRASH_AT"] = crash_at
     command = [
-        sys.executable, "-m", "services.cli", "-v", "agent", "tests/agent_jobs.py:job",
+        sys.executable, "-m", "sparkpoint.cli", "-v", "agent", "tests/agent_jobs.py:job",
         "--bootstrap", coordinator.bootstrap, "--master", master,
         "--checkpoint-dir", f"{bucket}/checkpoints", *args,
     ]  # fmt: skip
@@ -170,7 +170,7 @@ def test_everything_on_s3_through_a_kill_and_a_rescaled_restore(
         channel_dir=channels,
     )  # fmt: skip
     again = Agent(job, options, EventCodec(), spark=spark)
-    with caplog.at_level(logging.INFO, logger="services.agent"):
+    with caplog.at_level(logging.INFO, logger="sparkpoint.agent"):
         assert again.run() is JobStatus.FINISHED and again.finished_before
     assert "restored from its final checkpoint (its input ended there): finished" in caplog.text
     assert objects(output) == parts, "nothing published again"
@@ -215,7 +215,7 @@ def test_deletes_on_an_object_store_ask_nothing_first(
     """A discarded checkpoint's shared files go in one bulk delete, nothing asked first (a
     missing one too: a discard may be retried), its directory goes whole; the agent's segment
     and state files likewise."""
-    from services.agent.state import delete_file, delete_files, read_file, write_file
+    from sparkpoint.agent.state import delete_file, delete_files, read_file, write_file
 
     storage = Storage([f"{bucket}/d"])
     shared = [f"{bucket}/d/job/shared/{name}" for name in ("a", "b")]
@@ -263,7 +263,7 @@ def test_a_rounds_files_are_in_flight_together_on_an_object_store(
     requests in flight together (a round trip for them all, not one per key group); each file
     is still one PUT or GET of its whole bytes, and a read asks nothing first (no HEAD for the
     size)."""
-    from services.agent.state import read_files, write_files
+    from sparkpoint.agent.state import read_files, write_files
 
     most = count_in_flight(monkeypatch, "_pipe_file", "_cat_file")
     files = {f"{bucket}/round/kg-{group:05d}.arrow": bytes([group]) * 1000 for group in range(16)}
@@ -290,7 +290,7 @@ def test_a_rounds_garbage_is_one_bulk_delete_and_copies_stay_on_the_store(
     each held the agent's loop for a round trip per key group), missing ones too; a copy from
     one S3 path to another (a savepoint's staged output, a state file) is made by the store,
     a snapshot's copies are in flight together, and a gone source still says so."""
-    from services.agent.state import (
+    from sparkpoint.agent.state import (
         copy_file,
         delete_files,
         link_or_copy_all,
@@ -367,8 +367,8 @@ def test_metadata_and_part_files_are_one_put_on_an_object_store(
     once, and a PUT shows all of an object or nothing."""
     import pandas as pd
 
-    from services.agent.job import DeliveryGuarantee, FileSink
-    from services.agent.sinks.files import FileSinkWriter
+    from sparkpoint.agent.job import DeliveryGuarantee, FileSink
+    from sparkpoint.agent.sinks.files import FileSinkWriter
 
     def no_rename(*args: object, **kwargs: object) -> None:
         raise AssertionError("renamed on an object store")

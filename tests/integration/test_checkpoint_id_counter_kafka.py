@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from services.common.avro import EventCodec
-from services.common.kafka import make_admin
-from services.common.topics import create_topics
-from services.coordinator.kafka_counter import KafkaCheckpointIdCounter
-from services.coordinator.store import CheckpointIdCounter
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.kafka import make_admin
+from sparkpoint.common.topics import create_topics
+from sparkpoint.coordinator.kafka_counter import KafkaCheckpointIdCounter
+from sparkpoint.coordinator.store import CheckpointIdCounter
 from tests.conftest import KafkaUnderTest
 from tests.unit.test_checkpoint_id_counter import (
     test_concurrent_increments_hand_out_1_to_n,

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TopicPartition
 
-from services.common.avro import EventCodec
-from services.common.events import (
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import (
     AcknowledgeCheckpoint,
     JobRegistered,
     JobStatus,
@@ -25,9 +25,9 @@ from services.common.events import (
     Subtask,
     TriggerCheckpoint,
 )
-from services.common.kafka import EventPublisher, EventSubscriber, make_consumer, make_producer
-from services.common.keygroups import key_group_range
-from services.common.topics import ACKS, CONTROL, JOBS
+from sparkpoint.common.kafka import EventPublisher, EventSubscriber, make_consumer, make_producer
+from sparkpoint.common.keygroups import key_group_range
+from sparkpoint.common.topics import ACKS, CONTROL, JOBS
 from tests.conftest import KafkaUnderTest
 from tests.running_coordinator import Running, coordinator_in_thread, wait
 

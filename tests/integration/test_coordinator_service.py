@@ -15,16 +15,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.common.avro import EventCodec
-from services.common.events import CheckpointFailureReason, CheckpointLifecycleEvent, ConfigChange
-from services.common.flink_ids import flink_job_id
-from services.common.kafka import (
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import CheckpointFailureReason, CheckpointLifecycleEvent, ConfigChange
+from sparkpoint.common.flink_ids import flink_job_id
+from sparkpoint.common.kafka import (
     ConsumerProfile,
     EventSubscriber,
     make_consumer,
     make_producer,
 )
-from services.common.topics import ACKS, CHECKPOINT_EVENTS, CONFIG_CHANGES, JOBS
+from sparkpoint.common.topics import ACKS, CHECKPOINT_EVENTS, CONFIG_CHANGES, JOBS
 from tests.conftest import KafkaUnderTest
 from tests.running_coordinator import Running, coordinator_in_thread, wait
 from tests.scripted_agent import Action, Answer, always
@@ -366,7 +366,7 @@ def test_a_savepoint_completes_and_is_listed_after_the_job_ended(
 def test_a_finished_job_leaves_a_tombstone_for_its_overrides(
     coordinator: Running, codec: EventCodec
 ) -> None:
-    from services.overrides.store import OverrideStore
+    from sparkpoint.overrides.store import OverrideStore
 
     finishing, staying = (
         coordinator.agent(codec, configuration=periodic(interval="1h")) for _ in range(2)
@@ -472,7 +472,7 @@ def test_bad_input_is_skipped_and_the_service_carries_on(
 
 
 def _ack(job_id: str, subtask: str = "keyed-0") -> object:
-    from services.common.events import AcknowledgeCheckpoint
+    from sparkpoint.common.events import AcknowledgeCheckpoint
 
     return AcknowledgeCheckpoint(job_id, 1, subtask, 0, 0, [], 0, 0, 0, 0, 0, False)
 

@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from services.common.broker import BrokerError, EmbeddedBroker
-from services.common.kafka import make_admin
+from sparkpoint.common.broker import BrokerError, EmbeddedBroker
+from sparkpoint.common.kafka import make_admin
 
 
 def port_open(port: int) -> bool:

@@ -19,10 +19,10 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 
-from services.agent.stages import FetchTask, read_ranges
-from services.common.avro import EventCodec
-from services.common.broker import EmbeddedBroker
-from services.common.kafka import (
+from sparkpoint.agent.stages import FetchTask, read_ranges
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.broker import EmbeddedBroker
+from sparkpoint.common.kafka import (
     ConsumerProfile,
     EventPublisher,
     EventSubscriber,
@@ -32,7 +32,7 @@ from services.common.kafka import (
     make_producer,
     read_to_end,
 )
-from services.common.topics import JOBS, create_topics
+from sparkpoint.common.topics import JOBS, create_topics
 from tests import factories
 from tests.conftest import EMBEDDED, KafkaUnderTest
 from tests.running_coordinator import coordinator_in_thread, wait

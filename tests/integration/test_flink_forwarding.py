@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.common.avro import EventCodec
-from services.common.flink_ids import flink_job_id
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.flink_ids import flink_job_id
 from tests.conftest import KafkaUnderTest
 from tests.running_coordinator import Running, coordinator_in_thread, wait
 from tests.scripted_agent import ScriptedAgent

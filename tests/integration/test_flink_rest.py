@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from services.common.avro import EventCodec
-from services.common.events import JobStatus
-from services.common.flink_ids import flink_job_id, is_flink_id
-from services.coordinator.flink_compat import WebUi
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import JobStatus
+from sparkpoint.common.flink_ids import flink_job_id, is_flink_id
+from sparkpoint.coordinator.flink_compat import WebUi
 from tests.conftest import KafkaUnderTest
 from tests.running_coordinator import Running, coordinator_in_thread, wait
 from tests.scripted_agent import ScriptedAgent
@@ -281,7 +281,7 @@ def test_an_unreachable_owner_is_a_503_naming_it(
 def test_sparkpoint_jobs_shows_the_job_id_and_the_flink_job_id(
     coordinator: Running, job: ScriptedAgent, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from services.cli import main
+    from sparkpoint.cli import main
 
     assert main(["jobs", "--rest", coordinator.url]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -292,7 +292,7 @@ def test_sparkpoint_jobs_shows_the_job_id_and_the_flink_job_id(
 def test_sparkpoint_cancel_cancels_as_flink_cancel_does(
     coordinator: Running, codec: EventCodec, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from services.cli import main
+    from sparkpoint.cli import main
 
     agent = coordinator.agent(codec, end_on_cancel=True)
     try:
@@ -317,7 +317,7 @@ def test_sparkpoint_stop_suspends_or_with_drain_terminates_as_flink_stop(
     drain: bool,
     kind: str,
 ) -> None:
-    from services.cli import main
+    from sparkpoint.cli import main
 
     agent = coordinator.agent(codec)
     try:

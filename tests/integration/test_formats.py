@@ -16,7 +16,7 @@ import avro.schema
 import pandas as pd
 import pytest
 
-from services.agent.formats import (
+from sparkpoint.agent.formats import (
     AvroValues,
     ConfluentAvroValues,
     JsonValues,

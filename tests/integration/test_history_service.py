@@ -20,10 +20,10 @@ import aiokafka.errors
 import httpx
 import pytest
 
-from services import audit
-from services.common.avro import EventCodec
-from services.common.events import CheckpointEventType, CheckpointLifecycleEvent, SnapshotType
-from services.common.kafka import (
+from sparkpoint import audit
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import CheckpointEventType, CheckpointLifecycleEvent, SnapshotType
+from sparkpoint.common.kafka import (
     EventPublisher,
     end_offsets,
     make_consumer,
@@ -31,8 +31,8 @@ from services.common.kafka import (
     replay_topic,
     true_end_offset,
 )
-from services.common.topics import CHECKPOINT_EVENTS, CONFIG_CHANGES, JOBS
-from services.history import model
+from sparkpoint.common.topics import CHECKPOINT_EVENTS, CONFIG_CHANGES, JOBS
+from sparkpoint.history import model
 from tests.conftest import KafkaUnderTest
 from tests.factories import config_change, job_registered
 from tests.running_coordinator import Running, coordinator_in_thread, wait

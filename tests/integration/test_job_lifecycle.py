@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from services.common.avro import EventCodec
-from services.common.events import (
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import (
     AcknowledgeCheckpoint,
     JobStatus,
     JobStatusChanged,
     StateHandle,
     StateHandleKind,
 )
-from services.common.kafka import EventPublisher, make_producer
-from services.common.limits import LEASE_TIMEOUT_MS
-from services.common.topics import ACKS, JOBS
+from sparkpoint.common.kafka import EventPublisher, make_producer
+from sparkpoint.common.limits import LEASE_TIMEOUT_MS
+from sparkpoint.common.topics import ACKS, JOBS
 from tests.conftest import KafkaUnderTest
 from tests.running_coordinator import Running, coordinator_in_thread, wait
 from tests.scripted_agent import ScriptedAgent
@@ -293,10 +293,10 @@ def test_a_trigger_fetched_with_the_registration_answer_reaches_the_job_loop(
 
     from confluent_kafka import Producer, TopicPartition
 
-    from services.agent.membership import Membership
-    from services.common.events import JobRegistered, RegistrationResponse, SnapshotType
-    from services.common.events import TriggerCheckpoint as Trigger
-    from services.common.kafka import EventSubscriber, make_consumer
+    from sparkpoint.agent.membership import Membership
+    from sparkpoint.common.events import JobRegistered, RegistrationResponse, SnapshotType
+    from sparkpoint.common.events import TriggerCheckpoint as Trigger
+    from sparkpoint.common.kafka import EventSubscriber, make_consumer
 
     codec, topic, job_id, agent_id = EventCodec(), new_topic(), "answered", "agent-a"
     answer = RegistrationResponse(job_id, 1, agent_id, 0, True, 0, checkpoint_id_counter=1)

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import KafkaException, TopicPartition
 
-from services.common.avro import MAGIC, EventCodec
-from services.common.kafka import (
+from sparkpoint.common.avro import MAGIC, EventCodec
+from sparkpoint.common.kafka import (
     ConsumerProfile,
     ErrorKind,
     EventPublisher,
@@ -102,7 +102,7 @@ def test_malformed_messages_are_reported_with_their_position_and_skipped(
     raw.flush(10)
     reported: list[Malformed] = []
 
-    with caplog.at_level(logging.WARNING, logger="services.common.kafka"):
+    with caplog.at_level(logging.WARNING, logger="sparkpoint.common.kafka"):
         received = read_to_end(replay(kafka, codec, on_malformed=reported.append), topic)
 
     assert [r.offset for r in received] == [0, 4]
@@ -166,7 +166,7 @@ def test_a_fenced_producer_error_is_fatal(
 def test_producers_place_keys_where_partition_of_says(
     kafka: KafkaUnderTest, new_topic: NewTopicFactory, codec: EventCodec
 ) -> None:
-    from services.common.kafka import partition_of
+    from sparkpoint.common.kafka import partition_of
 
     topic = new_topic(partitions=6)
     publisher = EventPublisher(make_producer(kafka.bootstrap), codec)

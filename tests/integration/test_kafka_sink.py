@@ -12,13 +12,13 @@ import pandas as pd
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from services.agent.job import KafkaSink
-from services.agent.sinks import kafka as sink_kafka
-from services.agent.sinks.kafka import TRANSACTION_HEADER, KafkaSinkWriter
-from services.agent.stages import to_ipc
-from services.common.avro import EventCodec
-from services.common.kafka import consumer_config, make_admin
-from services.common.topics import create_topics
+from sparkpoint.agent.job import KafkaSink
+from sparkpoint.agent.sinks import kafka as sink_kafka
+from sparkpoint.agent.sinks.kafka import TRANSACTION_HEADER, KafkaSinkWriter
+from sparkpoint.agent.stages import to_ipc
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.kafka import consumer_config, make_admin
+from sparkpoint.common.topics import create_topics
 from tests.conftest import KafkaUnderTest
 
 QUEUE_MESSAGES = 1_000

@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from services.agent.example import Payment, ensure_topic, payments, reference_output
-from services.agent.sources.kafka import KafkaSourceReader
-from services.agent.stages import FetchTask, read_ranges
-from services.common.events import JobStatus
-from services.common.kafka import consumer_config, producer_config
+from sparkpoint.agent.example import Payment, ensure_topic, payments, reference_output
+from sparkpoint.agent.sources.kafka import KafkaSourceReader
+from sparkpoint.agent.stages import FetchTask, read_ranges
+from sparkpoint.common.events import JobStatus
+from sparkpoint.common.kafka import consumer_config, producer_config
 from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_agent import difference, in_process, read_output, unique
@@ -208,7 +208,7 @@ def test_max_offsets_per_trigger_bounds_a_round_over_every_partition(kafka: Kafk
     for payment in payments(2_000):
         producer.produce(topic, payment.to_json(), partition=payment.id % 4)
     assert producer.flush(30) == 0
-    from services.agent.job import KafkaSource
+    from sparkpoint.agent.job import KafkaSource
 
     reader = KafkaSourceReader(
         KafkaSource([topic], max_offsets_per_trigger=400), kafka.bootstrap, parallelism=2
@@ -312,7 +312,7 @@ def agent(
     if crash_at:
         env["SPARKPOINT_CRASH_AT"] = crash_at
     command = [
-        sys.executable, "-m", "services.cli", "-v", "agent", "tests/agent_jobs.py:job",
+        sys.executable, "-m", "sparkpoint.cli", "-v", "agent", "tests/agent_jobs.py:job",
         "--bootstrap", coordinator.bootstrap, "--master", "local[2]",
         "--checkpoint-dir", str(coordinator.root / "checkpoints"), "--restore", "latest",
     ]  # fmt: skip

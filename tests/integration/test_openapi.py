@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from services.common.avro import EventCodec
+from sparkpoint.common.avro import EventCodec
 from tests.conftest import KafkaUnderTest
 from tests.running_coordinator import Running, coordinator_in_thread, wait
 from tests.scripted_agent import ScriptedAgent

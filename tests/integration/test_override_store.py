@@ -3,11 +3,11 @@ reads to the end offsets taken at start."""
 
 from __future__ import annotations
 
-from services.common.avro import EventCodec
-from services.common.events import CheckpointOverrides, CheckpointSettings
-from services.common.kafka import make_admin
-from services.common.topics import CHECKPOINT_OVERRIDES, create_topics
-from services.overrides.store import OverrideStore
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import CheckpointOverrides, CheckpointSettings
+from sparkpoint.common.kafka import make_admin
+from sparkpoint.common.topics import CHECKPOINT_OVERRIDES, create_topics
+from sparkpoint.overrides.store import OverrideStore
 from tests.conftest import KafkaUnderTest
 
 T0 = 1_790_000_000_000

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from services.common.keygroups import key_group, key_group_range, key_groups, operator_index
+from sparkpoint.common.keygroups import key_group, key_group_range, key_groups, operator_index
 
 pytestmark = pytest.mark.spark
 
@@ -58,7 +58,7 @@ def test_partitioning_by_subtask_puts_each_key_group_in_its_owners_range(spark: 
 
 
 def test_the_agents_session_gives_stage_2_the_free_cores_first(spark: Any) -> None:
-    """The session's FAIR pools come from services/agent/spark_pools.xml: stage 2's minimum
+    """The session's FAIR pools come from services/sparkpoint/agent/spark_pools.xml: stage 2's minimum
     share exceeds any cluster (its tasks go first), and so does the sink's (a completed epoch's
     publishing task does not wait for stage 1); stage 1's is zero."""
     context = spark.sparkContext._jsc.sc()

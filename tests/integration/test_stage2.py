@@ -1,4 +1,4 @@
-"""Stage 2 of a subtask on real files (services/agent/stages.py): one call of the keyed function
+"""Stage 2 of a subtask on real files (services/sparkpoint/agent/stages.py): one call of the keyed function
 per round over every key group that got records, the state split back per key group. The
 output over several rounds and the end of input must equal the plain-Python reference, and each
 key group's state file must hold its own keys only (a rescale moves whole key groups)."""
@@ -12,9 +12,9 @@ from typing import ClassVar
 import pandas as pd
 import pytest
 
-from services.agent.example import PaymentStats, payments, positive, reference_output
-from services.agent.job import KeyedState, StateDescriptor, ValueState
-from services.agent.stages import (
+from sparkpoint.agent.example import PaymentStats, payments, positive, reference_output
+from sparkpoint.agent.job import KeyedState, StateDescriptor, ValueState
+from sparkpoint.agent.stages import (
     KEY_GROUP_COLUMN,
     ProcessTask,
     UserCodeRaised,
@@ -22,8 +22,8 @@ from services.agent.stages import (
     process_subtask,
     to_ipc,
 )
-from services.agent.state import decode_state, read_file, working_path
-from services.common.keygroups import key_group, key_groups
+from sparkpoint.agent.state import decode_state, read_file, working_path
+from sparkpoint.common.keygroups import key_group, key_groups
 
 MAX_PARALLELISM = 128
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.storage import PathOutsideRoots, Storage
-from services.coordinator.files import LOCAL_THREADS, THREADS, FileWork, Write, threads_for
+from sparkpoint.common.storage import PathOutsideRoots, Storage
+from sparkpoint.coordinator.files import LOCAL_THREADS, THREADS, FileWork, Write, threads_for
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka.admin import NewTopic
 
-from services.common.kafka import make_admin
-from services.common.topics import ALL_TOPICS, TopicMismatch, create_topics
+from sparkpoint.common.kafka import make_admin
+from sparkpoint.common.topics import ALL_TOPICS, TopicMismatch, create_topics
 from tests.conftest import KafkaUnderTest
 
 CONTRACT = {

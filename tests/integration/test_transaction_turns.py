@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from services.common.avro import EventCodec
-from services.common.events import JobStatus, JobStatusChanged
-from services.common.kafka import make_admin
-from services.common.topics import create_topics
-from services.coordinator.writer import PartitionWriter, TransactionTurns
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import JobStatus, JobStatusChanged
+from sparkpoint.common.kafka import make_admin
+from sparkpoint.common.topics import create_topics
+from sparkpoint.coordinator.writer import PartitionWriter, TransactionTurns
 from tests.conftest import KafkaUnderTest
 
 

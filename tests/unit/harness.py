@@ -8,8 +8,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.clock import ManualClock, TimerQueue
-from services.common.events import (
+from sparkpoint.common.clock import ManualClock, TimerQueue
+from sparkpoint.common.events import (
     AcknowledgeCheckpoint,
     CheckpointFailureReason,
     CheckpointLifecycleEvent,
@@ -22,9 +22,9 @@ from services.common.events import (
     StateHandleKind,
     TriggerCheckpoint,
 )
-from services.common.settings import CheckpointConfig
-from services.common.storage import canonical
-from services.coordinator.commands import (
+from sparkpoint.common.settings import CheckpointConfig
+from sparkpoint.common.storage import canonical
+from sparkpoint.coordinator.commands import (
     CancelTimer,
     Command,
     DiscardState,
@@ -35,9 +35,9 @@ from services.coordinator.commands import (
     ScheduleTimer,
     Timer,
 )
-from services.coordinator.coordinator import CheckpointCoordinator, JobInfo
-from services.coordinator.pending import AckResult
-from services.coordinator.store import InMemoryCheckpointIdCounter
+from sparkpoint.coordinator.coordinator import CheckpointCoordinator, JobInfo
+from sparkpoint.coordinator.pending import AckResult
+from sparkpoint.coordinator.store import InMemoryCheckpointIdCounter
 
 JOB_ID = "job-0001"
 T0 = 1_000_000

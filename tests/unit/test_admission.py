@@ -1,4 +1,4 @@
-"""What the coordinator accepts from agents (services/coordinator/admission.py): registrations
+"""What the coordinator accepts from agents (services/sparkpoint/coordinator/admission.py): registrations
 judged for form, the one-agent lease, growing attempts, the adoption of a replayed history, and
 acknowledgements whose files must lie in the checkpoint's own places."""
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from services.common.events import (
+from sparkpoint.common.events import (
     CheckpointStoreRecord,
     JobRegistered,
     JobStatus,
@@ -17,8 +17,8 @@ from services.common.events import (
     StateHandleKind,
     Subtask,
 )
-from services.common.limits import LEASE_TIMEOUT_MS
-from services.coordinator.admission import (
+from sparkpoint.common.limits import LEASE_TIMEOUT_MS
+from sparkpoint.coordinator.admission import (
     Holder,
     Refusal,
     ack_problem,

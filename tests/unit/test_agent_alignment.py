@@ -3,9 +3,9 @@ the assignment of channel state to the subtasks of a new parallelism. Pure logic
 
 from __future__ import annotations
 
-from services.agent.alignment import BarrierPolicy, Decision
-from services.agent.channel_state import ChannelStateFile, assign
-from services.common.keygroups import key_group_range
+from sparkpoint.agent.alignment import BarrierPolicy, Decision
+from sparkpoint.agent.channel_state import ChannelStateFile, assign
+from sparkpoint.common.keygroups import key_group_range
 
 
 def test_aligned_checkpoints_wait_for_alignment_however_long() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from services.agent import channel_state
-from services.agent.channels import Channel
-from services.agent.stages import KEY_GROUP_COLUMN, from_ipc, keep_key_groups, to_ipc
-from services.agent.state import link_or_copy
-from services.common.keygroups import key_group_range
+from sparkpoint.agent import channel_state
+from sparkpoint.agent.channels import Channel
+from sparkpoint.agent.stages import KEY_GROUP_COLUMN, from_ipc, keep_key_groups, to_ipc
+from sparkpoint.agent.state import link_or_copy
+from sparkpoint.common.keygroups import key_group_range
 
 MAX_PARALLELISM = 128
 

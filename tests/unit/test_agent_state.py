@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from services.agent.job import KeyedState, ListState, MapState, ValueState
-from services.agent.state import (
+from sparkpoint.agent.job import KeyedState, ListState, MapState, ValueState
+from sparkpoint.agent.state import (
     StateBackend,
     Version,
     decode_state,

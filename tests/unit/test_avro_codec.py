@@ -21,7 +21,7 @@ from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.avro import (
+from sparkpoint.common.avro import (
     HEADER_SIZE,
     MAGIC,
     EventCodec,
@@ -29,8 +29,8 @@ from services.common.avro import (
     UndecodableEvent,
     schema_dir,
 )
-from services.common.avro_compiled import _write_long, compile_codec
-from services.common.events import (
+from sparkpoint.common.avro_compiled import _write_long, compile_codec
+from sparkpoint.common.events import (
     EVENT_TYPES,
     AcknowledgeCheckpoint,
     StateHandle,

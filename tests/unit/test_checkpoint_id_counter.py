@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from services.common.events import JobStatus
-from services.coordinator.store import CheckpointIdCounter, InMemoryCheckpointIdCounter
+from sparkpoint.common.events import JobStatus
+from sparkpoint.coordinator.store import CheckpointIdCounter, InMemoryCheckpointIdCounter
 
 # Each entry makes a counter over a given backing: two counters made over the same backing are the
 # same counter before and after a restart.

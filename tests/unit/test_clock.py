@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.clock import ManualClock, TimerQueue
+from sparkpoint.common.clock import ManualClock, TimerQueue
 
 
 def test_timers_pop_in_due_order() -> None:

@@ -8,14 +8,14 @@ import random
 
 import pytest
 
-from services.common.clock import ManualClock
-from services.common.events import CheckpointFailureReason as Reason
-from services.common.events import JobStatus, NotifyCheckpointAborted, SnapshotType
-from services.common.settings import CheckpointConfig, ExternalizedRetention
-from services.coordinator.commands import RequestCompleted, RequestFailed
-from services.coordinator.coordinator import CheckpointCoordinator, JobInfo
-from services.coordinator.pending import AckResult
-from services.coordinator.store import CompletedCheckpoint, InMemoryCheckpointIdCounter
+from sparkpoint.common.clock import ManualClock
+from sparkpoint.common.events import CheckpointFailureReason as Reason
+from sparkpoint.common.events import JobStatus, NotifyCheckpointAborted, SnapshotType
+from sparkpoint.common.settings import CheckpointConfig, ExternalizedRetention
+from sparkpoint.coordinator.commands import RequestCompleted, RequestFailed
+from sparkpoint.coordinator.coordinator import CheckpointCoordinator, JobInfo
+from sparkpoint.coordinator.pending import AckResult
+from sparkpoint.coordinator.store import CompletedCheckpoint, InMemoryCheckpointIdCounter
 from tests.unit.harness import (
     JOB_DIR,
     JOB_ID,
@@ -239,7 +239,7 @@ def test_a_late_acknowledgement_of_an_expired_checkpoint_is_discarded_quietly() 
 
 
 def test_completion_publishes_notify_lifecycle_and_store_record() -> None:
-    from services.common.events import CheckpointStoreRecord, NotifyCheckpointComplete
+    from sparkpoint.common.events import CheckpointStoreRecord, NotifyCheckpointComplete
 
     driver = coordinator(config())
     checkpoint_id = triggered(driver)

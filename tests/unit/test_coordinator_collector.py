@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.coordinator.main import GC_THRESHOLDS, tune_collector
+from sparkpoint.coordinator.main import GC_THRESHOLDS, tune_collector
 
 
 @pytest.fixture

@@ -15,20 +15,20 @@ from collections import defaultdict
 
 import pytest
 
-from services.common.clock import ManualClock
-from services.common.events import CheckpointFailureReason as Reason
-from services.common.events import (
+from sparkpoint.common.clock import ManualClock
+from sparkpoint.common.events import CheckpointFailureReason as Reason
+from sparkpoint.common.events import (
     JobStatus,
     NotifyCheckpointAborted,
     NotifyCheckpointComplete,
     TriggerCheckpoint,
 )
-from services.common.settings import CheckpointConfig
-from services.coordinator.commands import FinalizeCheckpoint, Publish
-from services.coordinator.coordinator import CheckpointCoordinator, JobInfo
-from services.coordinator.decider import CheckpointRequest
-from services.coordinator.pending import AckResult
-from services.coordinator.store import InMemoryCheckpointIdCounter
+from sparkpoint.common.settings import CheckpointConfig
+from sparkpoint.coordinator.commands import FinalizeCheckpoint, Publish
+from sparkpoint.coordinator.coordinator import CheckpointCoordinator, JobInfo
+from sparkpoint.coordinator.decider import CheckpointRequest
+from sparkpoint.coordinator.pending import AckResult
+from sparkpoint.coordinator.store import InMemoryCheckpointIdCounter
 from tests.unit.harness import JOB_ID, T0, Driver, ack, decline, shared, subtasks
 
 STEPS = 3000

@@ -6,8 +6,8 @@ import enum
 
 import pytest
 
-from services.common.events import CheckpointFailureReason, SnapshotType
-from services.coordinator.decider import CheckpointRequest, RequestDecider
+from sparkpoint.common.events import CheckpointFailureReason, SnapshotType
+from sparkpoint.coordinator.decider import CheckpointRequest, RequestDecider
 
 NOW = 86_400_000  # a day in, like Flink's test clock
 PAUSE = 10

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from services.agent.example import PaymentStats, payments, positive, reference_output
-from services.agent.job import KeyedState
-from services.common.keygroups import key_groups
+from sparkpoint.agent.example import PaymentStats, payments, positive, reference_output
+from sparkpoint.agent.job import KeyedState
+from sparkpoint.common.keygroups import key_groups
 
 
 def run(batches: list[pd.DataFrame], end_of_input: bool) -> list[tuple[str, str, int, int]]:

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.events import CheckpointFailureReason as Reason
-from services.coordinator.failures import COUNTED, FailureManager, UnknownFailureReason, is_counted
+from sparkpoint.common.events import CheckpointFailureReason as Reason
+from sparkpoint.coordinator.failures import (
+    COUNTED,
+    FailureManager,
+    UnknownFailureReason,
+    is_counted,
+)
 
 FLINK_COUNTED = {
     Reason.IO_EXCEPTION,

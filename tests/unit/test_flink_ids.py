@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.common.flink_ids import candidate_partitions, flink_job_id, is_flink_id
-from services.common.kafka import partition_of
+from sparkpoint.common.flink_ids import candidate_partitions, flink_job_id, is_flink_id
+from sparkpoint.common.kafka import partition_of
 
 pytestmark = pytest.mark.unit
 

@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
-from services.common.events import CoordinatorAnnouncement
-from services.common.flink_ids import flink_job_id
-from services.common.kafka import partition_of
-from services.common.settings import CheckpointConfig
-from services.coordinator.service import CoordinatorService, ServiceSettings
+from sparkpoint.common.events import CoordinatorAnnouncement
+from sparkpoint.common.flink_ids import flink_job_id
+from sparkpoint.common.kafka import partition_of
+from sparkpoint.common.settings import CheckpointConfig
+from sparkpoint.coordinator.service import CoordinatorService, ServiceSettings
 
 pytestmark = pytest.mark.unit
 

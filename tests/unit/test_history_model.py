@@ -1,4 +1,4 @@
-"""The history document of one job, folded from audit events (services.history.model)."""
+"""The history document of one job, folded from audit events (sparkpoint.history.model)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from services.common.events import (
+from sparkpoint.common.events import (
     CheckpointEventType,
     CheckpointFailureReason,
     CheckpointLifecycleEvent,
@@ -16,8 +16,8 @@ from services.common.events import (
     JobStatusChanged,
     SnapshotType,
 )
-from services.common.flink_ids import flink_job_id
-from services.history import model
+from sparkpoint.common.flink_ids import flink_job_id
+from sparkpoint.history import model
 from tests.factories import JOB, T0, config_change, job_registered
 
 pytestmark = pytest.mark.unit

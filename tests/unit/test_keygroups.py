@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from services.common.keygroups import (
+from sparkpoint.common.keygroups import (
     KeyGroupRange,
     default_max_parallelism,
     java_hash,

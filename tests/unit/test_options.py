@@ -1,4 +1,4 @@
-"""The option table (services/common/options.py): every Flink 2.x option of the checkpointing,
+"""The option table (services/sparkpoint/common/options.py): every Flink 2.x option of the checkpointing,
 recovery and restart families parses, older names are understood, a misspelled key is an error
 that names the closest one, options without effect here are listed, and docs/settings.md shows
 the table as the code has it."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.common.options import (
+from sparkpoint.common.options import (
     OPTIONS,
     OPTIONS_LIST,
     REST_OPTIONS,
@@ -19,8 +19,8 @@ from services.common.options import (
     normalise,
     without_effect,
 )
-from services.common.restarts import RestartConfig
-from services.common.settings import REST_FIELDS, CheckpointConfig, RecoveryConfig
+from sparkpoint.common.restarts import RestartConfig
+from sparkpoint.common.settings import REST_FIELDS, CheckpointConfig, RecoveryConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 FLINK_CONFIG = ROOT / "tests" / "flink-2.3-config.yaml"
@@ -113,7 +113,7 @@ def test_effective_options_round_trip_through_flinks_names() -> None:
 
 def test_docs_show_the_option_table_as_the_code_has_it() -> None:
     docs = (ROOT / "docs" / "settings.md").read_text()
-    assert markdown_table() in docs, "regenerate with: python -m services.common.options"
+    assert markdown_table() in docs, "regenerate with: python -m sparkpoint.common.options"
 
 
 def test_every_option_says_what_it_does_here() -> None:

@@ -3,9 +3,9 @@ and gaps are harmless."""
 
 from __future__ import annotations
 
-from services.common.events import CheckpointOverrides, CheckpointSettings
-from services.common.kafka import Received
-from services.overrides.store import fold
+from sparkpoint.common.events import CheckpointOverrides, CheckpointSettings
+from sparkpoint.common.kafka import Received
+from sparkpoint.overrides.store import fold
 
 T0 = 1_790_000_000_000
 

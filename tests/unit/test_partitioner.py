@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.kafka import murmur2, partition_of
+from sparkpoint.common.kafka import murmur2, partition_of
 
 KAFKA_VECTORS = [
     (b"21", -973932308),

@@ -1,4 +1,4 @@
-"""Restart strategies (services/agent/restarts.py) on a fake clock: Flink's four kinds, with
+"""Restart strategies (services/sparkpoint/agent/restarts.py) on a fake clock: Flink's four kinds, with
 Flink's option names and defaults."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from services.common.options import ConfigError
-from services.common.restarts import (
+from sparkpoint.common.options import ConfigError
+from sparkpoint.common.restarts import (
     ExponentialDelay,
     FailureRate,
     FixedDelay,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.events import CheckpointSettings
-from services.common.settings import (
+from sparkpoint.common.events import CheckpointSettings
+from sparkpoint.common.settings import (
     CheckpointConfig,
     CheckpointingMode,
     ConfigError,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.events import JobStatus, SnapshotType
-from services.common.settings import ExternalizedRetention
-from services.coordinator.store import CompletedCheckpoint, CompletedCheckpointStore, FileRegistry
+from sparkpoint.common.events import JobStatus, SnapshotType
+from sparkpoint.common.settings import ExternalizedRetention
+from sparkpoint.coordinator.store import CompletedCheckpoint, CompletedCheckpointStore, FileRegistry
 
 
 def checkpoint(checkpoint_id: int, *files: str) -> CompletedCheckpoint:

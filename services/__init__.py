@@ -1,1 +1,0 @@
-"""sparkpoint: Flink-grade checkpointing for Spark pipelines, coordinated over Kafka."""

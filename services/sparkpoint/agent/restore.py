@@ -1,0 +1,240 @@
+"""Reading a completed checkpoint or savepoint back: which file holds each key group's state,
+where each source partition stood, and which sink epochs were staged but maybe not published.
+
+A checkpoint is a directory with ``_metadata`` (written last by the coordinator); ``latest``
+means the highest checkpoint id under ``<checkpoint-dir>/<job-id>/``. Key groups map to files
+whatever the parallelism was: a restore with another parallelism hands whole key groups to their
+new subtasks (Flink's KeyGroupRangeAssignment), and never filters state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from dataclasses import dataclass, field
+
+from fsspec.core import url_to_fs
+
+from sparkpoint.agent.channel_state import ChannelStateFile, read_manifest
+from sparkpoint.agent.state import read_file
+from sparkpoint.common.events import CheckpointStoreRecord, StateHandleKind
+from sparkpoint.common.metadata import BadMetadata, SnapshotMetadata
+from sparkpoint.common.storage import CHECKPOINT_DIR
+
+log = logging.getLogger(__name__)
+
+
+class NoCheckpoint(FileNotFoundError):
+    """There is no completed checkpoint to restore."""
+
+
+@dataclass
+class Restored:
+    checkpoint_id: int
+    external_path: str
+    is_savepoint: bool
+    key_groups: dict[int, tuple[str, int]] = field(default_factory=dict)
+    """Key group -> (file, size)."""
+    positions: dict[tuple[str, int], int] = field(default_factory=dict)
+    epochs: dict[int, list[str]] = field(default_factory=dict)
+    """Sink epochs the snapshot staged, epoch -> staged output files, not yet known published."""
+    shared: bool = False
+    """The key-group files are shared copies of this job's incremental checkpoints."""
+    files: list[str] = field(default_factory=list)
+    """Every file the snapshot references (what a CLAIM restore takes ownership of)."""
+    end_of_input: bool = False
+    """Taken after a bounded input was read to its end and its end-of-input hook ran: the
+    job's final checkpoint. A job restored from it has nothing left to do."""
+    channel_state: list[ChannelStateFile] = field(default_factory=list)
+    """An unaligned checkpoint's in-flight records: processed before any new input."""
+
+
+def _protocol_prefix(url: str) -> str:
+    return url.split("://", 1)[0] + "://" if "://" in url else ""
+
+
+SOURCE_FORMAT = 2
+"""Source snapshots are ``{"format": 2, "positions": {topic: {partition: offset}},
+"end_of_input": bool}``; format 1 was the positions alone."""
+
+
+def source_snapshot(data: dict[str, object]) -> tuple[dict[str, dict[str, int]], bool]:
+    """(positions, end of input) from a source snapshot file of either format."""
+    if data.get("format") == SOURCE_FORMAT:
+        return data["positions"], bool(data.get("end_of_input"))  # type: ignore[return-value]
+    return data, False  # type: ignore[return-value]
+
+
+def latest_checkpoint(checkpoint_dir: str, job_id: str) -> str:
+    """The directory of the newest completed checkpoint of a job."""
+    base = posixpath.join(checkpoint_dir.rstrip("/"), job_id)
+    fs, root = url_to_fs(base)
+    candidates: list[tuple[int, str]] = []
+    if fs.exists(root):
+        for entry in fs.ls(root, detail=False):
+            name = posixpath.basename(str(entry).rstrip("/"))
+            match = CHECKPOINT_DIR.match(name)
+            if match and fs.exists(posixpath.join(str(entry), "_metadata")):
+                candidates.append((int(match.group(1)), str(entry)))
+    if not candidates:
+        raise NoCheckpoint(f"no completed checkpoint of job {job_id} under {base}")
+    return _protocol_prefix(base) + max(candidates)[1]
+
+
+def load(
+    path: str, job_id: str, checkpoint_dir: str, max_parallelism: int | None = None
+) -> Restored:
+    """A checkpoint or savepoint directory (or its ``_metadata`` file), wherever it lies now:
+    files inside it are found relative to it. A snapshot taken with another max parallelism is
+    refused (key groups are numbered modulo the max parallelism)."""
+    directory = path[: -len("/_metadata")] if path.endswith("/_metadata") else path.rstrip("/")
+    try:
+        data = read_file(f"{directory}/_metadata")
+    except FileNotFoundError as exc:
+        raise NoCheckpoint(f"{directory} has no _metadata: not a completed checkpoint") from exc
+    try:
+        metadata = SnapshotMetadata.from_json(data, directory)
+    except BadMetadata as exc:
+        raise NoCheckpoint(str(exc)) from None
+    if metadata.job_id != job_id:
+        log.warning("restoring job %s from a snapshot of job %s", job_id, metadata.job_id)
+    if (
+        max_parallelism is not None
+        and metadata.max_parallelism is not None
+        and metadata.max_parallelism != max_parallelism
+    ):
+        raise ValueError(
+            f"{directory} was taken with max parallelism {metadata.max_parallelism}, the job has "
+            f"{max_parallelism}: its key groups would land on other keys. Restore it with "
+            f"max_parallelism={metadata.max_parallelism}"
+        )
+    restored = Restored(
+        metadata.checkpoint_id, directory, metadata.is_savepoint, files=metadata.files()
+    )
+    shared_prefix = posixpath.join(checkpoint_dir.rstrip("/"), job_id, "shared") + "/"
+    all_shared = True
+    for subtask in metadata.subtasks:
+        for handle in subtask.handles:
+            if handle.kind is StateHandleKind.KEYED_STATE and handle.key_groups is not None:
+                start, end = handle.key_groups
+                for group in range(start, end + 1):
+                    restored.key_groups[group] = (handle.path, handle.size)
+                all_shared &= handle.path.startswith(shared_prefix)
+            elif handle.kind is StateHandleKind.SOURCE_POSITIONS:
+                positions, ended = source_snapshot(json.loads(read_file(handle.path)))
+                restored.end_of_input |= ended
+                for topic, offsets in positions.items():
+                    for partition, offset in offsets.items():
+                        restored.positions[(topic, int(partition))] = int(offset)
+            elif handle.kind is StateHandleKind.CHANNEL_STATE and handle.path.endswith(".json"):
+                old_subtask = int(subtask.subtask_id.rsplit("-", 1)[-1])
+                restored.channel_state += read_manifest(handle.path, old_subtask)
+            elif handle.kind is StateHandleKind.SINK_EPOCH:
+                manifest = json.loads(read_file(handle.path))
+                for epoch, outputs in manifest.items():
+                    restored.epochs.setdefault(int(epoch), []).extend(
+                        resolve(output, directory) for output in outputs
+                    )
+    restored.shared = bool(restored.key_groups) and all_shared and not restored.is_savepoint
+    missing = missing_files({p for p, _ in restored.key_groups.values()})
+    missing += missing_files({f.path for f in restored.channel_state})
+    if missing:
+        raise NoCheckpoint(
+            f"{directory} references {len(missing)} state files that no longer exist "
+            f"(e.g. {missing[0]}): it cannot be restored"
+        )
+    for outputs in restored.epochs.values():
+        outputs.sort()
+    return restored
+
+
+def missing_files(paths: set[str]) -> list[str]:
+    """Those of ``paths`` that do not exist, found with one listing per directory (a state file
+    is read lazily, by the first round that touches its key group: a checkpoint whose files went
+    is refused at restore, before a later checkpoint could reference them again)."""
+    by_directory: dict[str, set[str]] = {}
+    for path in paths:
+        by_directory.setdefault(posixpath.dirname(path), set()).add(path)
+    missing: list[str] = []
+    for directory, wanted in sorted(by_directory.items()):
+        fs, root = url_to_fs(directory)
+        try:
+            names = {posixpath.basename(str(p).rstrip("/")) for p in fs.ls(root, detail=False)}
+        except FileNotFoundError:
+            names = set()
+        missing += sorted(p for p in wanted if posixpath.basename(p) not in names)
+    return missing
+
+
+def resolve(path: str, directory: str) -> str:
+    """A path a snapshot file names: relative ones lie inside the snapshot's directory."""
+    if "://" in path or path.startswith("/"):
+        return path
+    return posixpath.join(directory, path)
+
+
+# --- what `--restore latest` means -----------------------------------------------------------------
+
+
+def resolve_latest(
+    record: CheckpointStoreRecord | None,
+    checkpoint_dir: str,
+    job_id: str,
+    allow_fresh_start: bool = False,
+) -> str | None:
+    """The snapshot ``--restore latest`` restores, or None to start from the beginning.
+
+    The coordinator's store record decides, never a scan of directories that a failed discard
+    may have left behind: the newest retained checkpoint that is not a savepoint (what a
+    failover restores), or the savepoint the job was stopped with when that is newer (as Flink
+    resumes a job stopped with a savepoint). If the job's checkpoints completed once but none is retained (its end
+    discarded them), there is nothing to resume from and starting over would emit the whole
+    input again: that is refused unless ``allow_fresh_start``. A job the coordinator has no
+    completed checkpoint of starts from the beginning. Only when the coordinator has no record
+    at all (a new job, or a broker that lost its topics) does storage decide."""
+    if record is None:
+        try:
+            return latest_checkpoint(checkpoint_dir, job_id)
+        except NoCheckpoint as exc:
+            log.warning("job %s: %s; starting from the beginning", job_id, exc)
+            return None
+    candidates = [
+        (r.checkpoint_id, r.external_path, "checkpoint")
+        for r in record.retained
+        if not r.snapshot_type.is_savepoint
+    ] + [
+        (s.checkpoint_id, s.external_path, "stop-with-savepoint savepoint")
+        for s in record.savepoints
+        if s.kind == "stop" and not s.disposed
+    ]  # a job stopped with a savepoint resumes from it; intermediate savepoints are never used
+    if candidates:
+        checkpoint_id, path, what = max(candidates)
+        fs, root = url_to_fs(f"{path}/_metadata")
+        if not fs.exists(root):
+            raise NoCheckpoint(
+                f"the coordinator retains {what} {checkpoint_id} of job {job_id} at {path}, but "
+                "it has no _metadata there (deleted by hand?)"
+            )
+        return path
+    if record.last_completed_checkpoint_id is None:
+        log.warning(
+            "job %s: no checkpoint of it ever completed; starting from the beginning", job_id
+        )
+        return None
+    status = record.job_status or "ended"
+    retention = record.externalized_retention or "unknown"
+    message = (
+        f"job {job_id} {status} and its checkpoints were discarded when it ended "
+        f"(execution.checkpointing.externalized-checkpoint-retention: {retention}); its last "
+        f"completed checkpoint was {record.last_completed_checkpoint_id}. Nothing to restore. "
+        "To start it from the beginning of its input on purpose (its sink receives the whole "
+        "input again), add --allow-fresh-start; to keep the final checkpoint of later runs, set "
+        "the retention to RETAIN_ON_CANCELLATION"
+    )
+    if allow_fresh_start:
+        log.warning(
+            "%s; starting from the beginning (--allow-fresh-start)", message.split(". Nothing")[0]
+        )
+        return None
+    raise NoCheckpoint(message)

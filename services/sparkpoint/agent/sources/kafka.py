@@ -1,0 +1,124 @@
+"""The Kafka source, driver side: which partitions exist, which source subtask owns each, where
+each one stands, and which have data to fetch. Positions are kept here and in checkpoints, never
+committed to a consumer group (Flink's KafkaSource does the same; commits are only a courtesy
+there, and none here)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, TopicPartition
+
+from sparkpoint.agent.job import KafkaSource
+from sparkpoint.agent.sources import EndsEarly, Partition, PlannedRead, share_by_backlog
+from sparkpoint.common.kafka import consumer_config, true_end_offset
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class KafkaSourceReader(EndsEarly):
+    source: KafkaSource
+    bootstrap: str
+    parallelism: int
+    positions: dict[Partition, int] = field(default_factory=dict)
+    ends: dict[Partition, int] = field(default_factory=dict)
+    """Bounded sources: the end offset of every partition, taken when the job first started in
+    this process and kept across its restarts (as Flink's bounded KafkaSource keeps its stopping
+    offsets in its splits): a restart reads up to the same ends, and does not look them up."""
+
+    capped: dict[Partition, bool] = field(default_factory=dict)
+    """Partitions whose last read stopped at the per-round limit: readable again at once."""
+    highs: dict[Partition, int] = field(default_factory=dict)
+    """Each partition's high watermark when the last round was planned (a bounded source's
+    end)."""
+
+    def __post_init__(self) -> None:
+        self.consumer = Consumer(
+            consumer_config(self.bootstrap, client_id="sparkpoint-source-driver")
+        )
+        self.partitions: list[Partition] = []
+        for topic in self.source.topics:
+            metadata = self.consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if metadata is None or metadata.error is not None or not metadata.partitions:
+                raise ValueError(f"source topic {topic} does not exist (create it first)")
+            self.partitions += [(topic, p) for p in sorted(metadata.partitions)]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.source.topics)
+
+    def start(self, restored: dict[Partition, int] | None) -> None:
+        """Positions from a checkpoint, else the earliest offset of every partition."""
+        for partition in self.partitions:
+            if restored is not None and partition in restored:
+                self.positions[partition] = restored[partition]
+            else:
+                low, _ = self.consumer.get_watermark_offsets(
+                    TopicPartition(*partition), timeout=10, cached=False
+                )
+                self.positions[partition] = low
+        if self.source.bounded:
+            for partition in self.partitions:
+                if partition not in self.ends:
+                    self.ends[partition] = true_end_offset(self.consumer, *partition)
+            log.info(
+                "bounded source: reading up to %s",
+                {f"{t}[{p}]": e for (t, p), e in self.ends.items()},
+            )
+
+    def owner(self, partition: Partition) -> int:
+        """The source subtask that reads ``partition`` (round robin over all partitions)."""
+        return self.partitions.index(partition) % self.parallelism
+
+    def plan(self) -> dict[Partition, PlannedRead]:
+        """The next round's read of every partition with records beyond its position: up to the
+        end it has now (Spark plans a micro-batch's end offsets the same way), at most
+        ``max_records_per_partition`` records, and ``max_offsets_per_trigger`` shared by backlog.
+        The high watermark can only be too low on the embedded broker (it counts the last
+        batch's base offset), never too high; the read takes what arrives with the planned end,
+        so the rest of that batch is read too. A read that stopped early (`capped`) is read on
+        at once, the watermark unasked."""
+        limit = self.source.max_records_per_partition
+        backlog: dict[Partition, int | None] = {}
+        for partition in self.partitions:
+            position = self.positions[partition]
+            if partition in self.ends:
+                self.highs[partition] = self.ends[partition]
+                if position < self.ends[partition]:
+                    backlog[partition] = self.ends[partition] - position
+                continue
+            _, high = self.consumer.get_watermark_offsets(
+                TopicPartition(*partition), timeout=10, cached=False
+            )
+            self.highs[partition] = high
+            if high > position:
+                backlog[partition] = high - position
+            elif self.capped.get(partition):
+                backlog[partition] = None  # how much is there is unknown: read what is
+        shares = share_by_backlog(backlog, self.source.max_offsets_per_trigger)
+        return {
+            partition: PlannedRead(
+                None if lag is None or partition in self.ends else self.positions[partition] + lag,
+                min(limit, shares.get(partition, limit)),
+            )
+            for partition, lag in backlog.items()
+        }
+
+    def finished(self) -> bool:
+        return bool(self.ends) and all(self.positions[p] >= e for p, e in self.ends.items())
+
+    def snapshot(
+        self, subtask: int, positions: dict[Partition, int] | None = None
+    ) -> dict[str, dict[str, int]]:
+        """The positions (``positions``, else where reading stands) of the partitions
+        ``subtask`` owns, as ``{topic: {partition: offset}}``."""
+        out: dict[str, dict[str, int]] = {}
+        for partition, offset in (positions or self.positions).items():
+            if self.owner(partition) == subtask:
+                out.setdefault(partition[0], {})[str(partition[1])] = offset
+        return out
+
+    def close(self) -> None:
+        self.consumer.close()
