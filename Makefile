@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Spark's driver classes, parsed and verified once: an agent's session starts 4-7 s sooner
-# (services/sparkpoint/agent/class_archive.py)
+# (services/sparkpoint/agent/spark/class_archive.py)
 ARCHIVE := $(VENV)/share/sparkpoint/spark-driver.jsa
 
 .PHONY: install run test lint typecheck unit bench peers latency chaos compat lock clean
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 $(ARCHIVE): $(STAMP)
-	$(BIN)/python -m sparkpoint.agent.class_archive $(ARCHIVE)
+	$(BIN)/python -m sparkpoint.agent.spark.class_archive $(ARCHIVE)
 
 run: install
 	$(BIN)/sparkpoint demo

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sparkpoint.agent.example import example_job, generate
 from sparkpoint.agent.runtime import Agent, AgentOptions
-from sparkpoint.agent.spark import spark_session
-from sparkpoint.agent.standalone import StandaloneCluster
+from sparkpoint.agent.spark.session import spark_session
+from sparkpoint.agent.spark.standalone import StandaloneCluster
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.broker import EmbeddedBroker
 from sparkpoint.common.events import CheckpointEventType, CheckpointLifecycleEvent

@@ -25,15 +25,15 @@ from sparkpoint.common.events import (
     TriggerCheckpoint,
 )
 from sparkpoint.common.settings import CheckpointConfig
-from sparkpoint.coordinator.commands import (
+from sparkpoint.coordinator.core.commands import (
     CancelTimer,
     FinalizeCheckpoint,
     Publish,
     ScheduleTimer,
     Timer,
 )
-from sparkpoint.coordinator.coordinator import CheckpointCoordinator, JobInfo
-from sparkpoint.coordinator.store import InMemoryCheckpointIdCounter
+from sparkpoint.coordinator.core.coordinator import CheckpointCoordinator, JobInfo
+from sparkpoint.coordinator.core.store import InMemoryCheckpointIdCounter
 
 JOBS = 1000
 SUBTASKS = 8

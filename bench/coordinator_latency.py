@@ -4,7 +4,7 @@ bench/results/coordinator_latency.json.
 
 Two runs, each a fresh coordinator (real Kafka I/O, transactions, timers, ``_metadata`` files;
 the roots in memory unless ``--storage-dir`` says otherwise, see `recording.storage_dir`) on a
-thread of this process, with a step trace installed (`sparkpoint.coordinator.trace`):
+thread of this process, with a step trace installed (`sparkpoint.coordinator.service.trace`):
 - one job of 8 subtasks, checkpoint interval 200 ms;
 - 1,000 jobs of 4 subtasks, interval 1 s.
 
@@ -53,7 +53,7 @@ from recording import (
     write_results,
 )
 
-from sparkpoint.coordinator.trace import wall_ms
+from sparkpoint.coordinator.service.trace import wall_ms
 
 PARTITIONS = 6
 WARMUP_S = 3.0
@@ -176,7 +176,7 @@ def scenario(
     seconds: float,
     cprofile: bool = False,
 ) -> dict[str, object]:
-    from sparkpoint.coordinator.trace import StepTrace
+    from sparkpoint.coordinator.service.trace import StepTrace
 
     prefix = f"b{uuid.uuid4().hex[:8]}."
     os.environ["SPARKPOINT_TOPIC_PREFIX"] = prefix

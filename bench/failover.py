@@ -33,7 +33,7 @@ from recording import percentiles, start_coordinator, write_results
 from sparkpoint.agent.example import PaymentStats, example_job, generate, payments, reference_output
 from sparkpoint.agent.job import KafkaSink, KafkaSource, KeyedState
 from sparkpoint.agent.runtime import Agent, AgentOptions
-from sparkpoint.agent.spark import spark_session
+from sparkpoint.agent.spark.session import spark_session
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.broker import EmbeddedBroker
 from sparkpoint.common.events import CheckpointEventType, CheckpointLifecycleEvent

@@ -34,8 +34,8 @@ from recording import percentiles, start_coordinator, write_results
 
 from sparkpoint.agent.example import example_job, generate
 from sparkpoint.agent.runtime import Agent, AgentOptions
-from sparkpoint.agent.spark import spark_session
-from sparkpoint.agent.standalone import StandaloneCluster
+from sparkpoint.agent.spark.session import spark_session
+from sparkpoint.agent.spark.standalone import StandaloneCluster
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.broker import EmbeddedBroker
 from sparkpoint.common.events import CheckpointEventType, CheckpointLifecycleEvent

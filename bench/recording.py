@@ -116,7 +116,7 @@ def start_coordinator(bootstrap: str, root: Path | str, partitions: int = 6) -> 
     from sparkpoint.common.settings import CheckpointConfig
     from sparkpoint.common.topics import create_topics
     from sparkpoint.coordinator.main import serve
-    from sparkpoint.coordinator.service import CoordinatorService, ServiceSettings
+    from sparkpoint.coordinator.service.instance import CoordinatorService, ServiceSettings
 
     create_topics(make_admin(bootstrap), partitions=partitions)
     defaults = CheckpointConfig(

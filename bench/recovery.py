@@ -39,15 +39,20 @@ from unittest import mock
 
 from recording import start_coordinator, write_results
 
-from sparkpoint.agent import channel_state
-from sparkpoint.agent.channels import Channel, Segment
 from sparkpoint.agent.example import example_job, generate, payments, positive
 from sparkpoint.agent.formats import JsonValues
-from sparkpoint.agent.recovery import ChannelRecovery, FilterResult, FilterTask, filter_restored
-from sparkpoint.agent.restore import SOURCE_FORMAT
+from sparkpoint.agent.recovery import channel_state
+from sparkpoint.agent.recovery.restore import SOURCE_FORMAT
+from sparkpoint.agent.recovery.split import (
+    ChannelRecovery,
+    FilterResult,
+    FilterTask,
+    filter_restored,
+)
+from sparkpoint.agent.rounds.channels import Channel, Segment
+from sparkpoint.agent.rounds.stages import KEY_GROUP_COLUMN, to_ipc
 from sparkpoint.agent.runtime import Agent, AgentOptions
-from sparkpoint.agent.spark import spark_session
-from sparkpoint.agent.stages import KEY_GROUP_COLUMN, to_ipc
+from sparkpoint.agent.spark.session import spark_session
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.broker import EmbeddedBroker
 from sparkpoint.common.events import SnapshotType, StateHandle, StateHandleKind
@@ -242,7 +247,7 @@ def object_store_split(data: bytes) -> dict[str, float]:
     next files fetched ahead (four at a time) and one at a time: restored MB/s each."""
     import s3fs
 
-    from sparkpoint.agent import recovery
+    from sparkpoint.agent.recovery import split as recovery
 
     s3 = start_s3_server()
     try:

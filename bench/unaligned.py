@@ -41,11 +41,11 @@ from typing import Any
 import pandas as pd
 from recording import CoordinatorProcess, percentiles, write_results
 
-from sparkpoint.agent.channels import DEFAULT_CAPACITY_BYTES
 from sparkpoint.agent.example import PaymentStats, ensure_topic, example_job, generate
 from sparkpoint.agent.job import KeyedState
+from sparkpoint.agent.rounds.channels import DEFAULT_CAPACITY_BYTES
 from sparkpoint.agent.runtime import MAX_ROWS_PER_ROUND, Agent, AgentOptions
-from sparkpoint.agent.spark import spark_session
+from sparkpoint.agent.spark.session import spark_session
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.broker import EmbeddedBroker
 from sparkpoint.common.events import (

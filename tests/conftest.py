@@ -92,7 +92,7 @@ def embedded_only(kafka: KafkaUnderTest) -> KafkaUnderTest:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """One Spark session for the whole run: a session takes 12-18 s to its first result here."""
-    from sparkpoint.agent.spark import spark_session
+    from sparkpoint.agent.spark.session import spark_session
 
     session = spark_session("sparkpoint-tests", master="local[2]")
     yield session

@@ -18,9 +18,9 @@ from sparkpoint.common.broker import free_port
 from sparkpoint.common.kafka import make_admin
 from sparkpoint.common.settings import CheckpointConfig
 from sparkpoint.common.topics import create_topics
-from sparkpoint.coordinator.flink_compat import WebUi
 from sparkpoint.coordinator.main import serve
-from sparkpoint.coordinator.service import CoordinatorService, ServiceSettings
+from sparkpoint.coordinator.rest.flink_compat import WebUi
+from sparkpoint.coordinator.service.instance import CoordinatorService, ServiceSettings
 from tests.conftest import KafkaUnderTest
 from tests.scripted_agent import ScriptedAgent
 

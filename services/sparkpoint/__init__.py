@@ -35,7 +35,25 @@ _EXPORTS = {
     "StringValues": "sparkpoint.agent.formats",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AvroValues",
+    "ConfluentAvroValues",
+    "DeliveryGuarantee",
+    "FileSink",
+    "FileSource",
+    "Job",
+    "JsonValues",
+    "KafkaSink",
+    "KafkaSource",
+    "KeyedFunction",
+    "KeyedState",
+    "ListState",
+    "MapState",
+    "RawValues",
+    "StringValues",
+    "ValueState",
+    "load_job",
+]
 
 if TYPE_CHECKING:
     from sparkpoint.agent.formats import (

@@ -25,7 +25,7 @@ from sparkpoint.common.settings import ConfigError
 from sparkpoint.common.topics import DEFAULT_PARTITIONS, TopicMismatch
 
 if TYPE_CHECKING:
-    from sparkpoint.coordinator.flink_compat import WebUi
+    from sparkpoint.coordinator.rest.flink_compat import WebUi
 
 DEFAULT_HISTORY_URL = "http://127.0.0.1:8082"
 
@@ -160,7 +160,7 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
 def load_web_ui(path: Path | None) -> WebUi | int | None:
     """Flink's dashboard from ``--flink-web-ui``, None without one, or `EXIT_USAGE` (said on
     stderr) when the path holds none."""
-    from sparkpoint.coordinator.flink_compat import WebUi, WebUiError
+    from sparkpoint.coordinator.rest.flink_compat import WebUi, WebUiError
 
     try:
         return WebUi.load(path) if path is not None else None
@@ -203,8 +203,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from sparkpoint.agent.channels import DEFAULT_CAPACITY_BYTES
     from sparkpoint.agent.main import AgentFailed, run
+    from sparkpoint.agent.rounds.channels import DEFAULT_CAPACITY_BYTES
     from sparkpoint.agent.runtime import AgentOptions
     from sparkpoint.common.events import JobStatus
 

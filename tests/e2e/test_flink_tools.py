@@ -29,7 +29,7 @@ from sparkpoint.agent.runtime import Agent, AgentOptions
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.flink_ids import flink_job_id
-from sparkpoint.coordinator.flink_compat import WebUi
+from sparkpoint.coordinator.rest.flink_compat import WebUi
 from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_agent import difference, read_output

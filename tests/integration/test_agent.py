@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, TopicPartition
 from sparkpoint.agent.example import ensure_topic, generate, payments, reference_output
 from sparkpoint.agent.formats import AvroValues, ConfluentAvroValues
 from sparkpoint.agent.job import DeliveryGuarantee, FileSource, Job, KafkaSink, KafkaSource
-from sparkpoint.agent.restore import NoCheckpoint
+from sparkpoint.agent.recovery.restore import NoCheckpoint
 from sparkpoint.agent.runtime import Agent, AgentOptions
 from sparkpoint.agent.sinks.kafka import TRANSACTION_HEADER
 from sparkpoint.common.avro import EventCodec

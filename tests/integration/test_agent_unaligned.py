@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from sparkpoint.agent import channel_state
+from sparkpoint.agent.recovery import channel_state
+from sparkpoint.agent.rounds.stages import KEY_GROUP_COLUMN, from_ipc
 from sparkpoint.agent.runtime import Agent
-from sparkpoint.agent.stages import KEY_GROUP_COLUMN, from_ipc
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.keygroups import key_group_range
 from tests import agent_jobs

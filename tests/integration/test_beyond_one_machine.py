@@ -22,7 +22,7 @@ import s3fs
 
 from sparkpoint.agent.example import generate, payments, reference_output
 from sparkpoint.agent.runtime import Agent, AgentOptions
-from sparkpoint.agent.standalone import StandaloneCluster
+from sparkpoint.agent.spark.standalone import StandaloneCluster
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.storage import PathOutsideRoots, Storage
@@ -215,7 +215,7 @@ def test_deletes_on_an_object_store_ask_nothing_first(
     """A discarded checkpoint's shared files go in one bulk delete, nothing asked first (a
     missing one too: a discard may be retried), its directory goes whole; the agent's segment
     and state files likewise."""
-    from sparkpoint.agent.state import delete_file, delete_files, read_file, write_file
+    from sparkpoint.agent.state.backend import delete_file, delete_files, read_file, write_file
 
     storage = Storage([f"{bucket}/d"])
     shared = [f"{bucket}/d/job/shared/{name}" for name in ("a", "b")]
@@ -263,7 +263,7 @@ def test_a_rounds_files_are_in_flight_together_on_an_object_store(
     requests in flight together (a round trip for them all, not one per key group); each file
     is still one PUT or GET of its whole bytes, and a read asks nothing first (no HEAD for the
     size)."""
-    from sparkpoint.agent.state import read_files, write_files
+    from sparkpoint.agent.state.backend import read_files, write_files
 
     most = count_in_flight(monkeypatch, "_pipe_file", "_cat_file")
     files = {f"{bucket}/round/kg-{group:05d}.arrow": bytes([group]) * 1000 for group in range(16)}
@@ -290,7 +290,7 @@ def test_a_rounds_garbage_is_one_bulk_delete_and_copies_stay_on_the_store(
     each held the agent's loop for a round trip per key group), missing ones too; a copy from
     one S3 path to another (a savepoint's staged output, a state file) is made by the store,
     a snapshot's copies are in flight together, and a gone source still says so."""
-    from sparkpoint.agent.state import (
+    from sparkpoint.agent.state.backend import (
         copy_file,
         delete_files,
         link_or_copy_all,

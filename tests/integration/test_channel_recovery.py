@@ -1,4 +1,4 @@
-"""Restored channel state on real files (FLIP-547, `sparkpoint.agent.recovery`): filtered by the
+"""Restored channel state on real files (FLIP-547, `sparkpoint.agent.recovery.split`): filtered by the
 executor function itself (run inline here instead of in a Spark job), admitted into real
 channels, persisted again by `channel_state.persist` and restored again, across the seed's
 rescale chain 1 -> 10 -> 1 -> 10."""
@@ -20,18 +20,18 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from sparkpoint.agent import channel_state
-from sparkpoint.agent.channels import Channel, Segment
-from sparkpoint.agent.recovery import (
+from sparkpoint.agent.recovery import channel_state
+from sparkpoint.agent.recovery.split import (
     ChannelRecovery,
     FilterResult,
     FilterTask,
     ReadAhead,
     filter_restored,
 )
+from sparkpoint.agent.rounds.channels import Channel, Segment
+from sparkpoint.agent.rounds.stages import KEY_GROUP_COLUMN, from_ipc, to_ipc
 from sparkpoint.agent.runtime import FilterJob, check_during_recovery
-from sparkpoint.agent.stages import KEY_GROUP_COLUMN, from_ipc, to_ipc
-from sparkpoint.agent.state import write_file
+from sparkpoint.agent.state.backend import write_file
 from sparkpoint.common.keygroups import key_group_range, key_groups
 from sparkpoint.common.settings import CheckpointConfig, ConfigError
 
@@ -313,7 +313,7 @@ def test_the_filter_jobs_go_to_spark_together_and_may_finish_in_any_order(
     first leaves instead of after it. Whichever finishes first, each subtask's segments enter
     in the restored order."""
     segments, files = restored_files(tmp_path / "run0")
-    monkeypatch.setattr("sparkpoint.agent.recovery.FIRST_BATCH_BYTES", segments[0].size)
+    monkeypatch.setattr("sparkpoint.agent.recovery.split.FIRST_BATCH_BYTES", segments[0].size)
     channels, recovery = restore(files, 2, tmp_path / "run1")
     submitted: list[tuple[list[FilterTask], Future[list[FilterResult]]]] = []
 
@@ -361,7 +361,7 @@ def test_a_filter_task_puts_its_outputs_whole_where_the_channels_are_not_local(
 ) -> None:
     """Channel storage that is not a local path (fsspec's memory file system here, as an object
     store would be): each new subtask's output is put whole when the task ends."""
-    from sparkpoint.agent.state import read_table
+    from sparkpoint.agent.state.backend import read_table
 
     segments, files = restored_files(tmp_path / "run0")
     channel_dir = f"memory://filter-{tmp_path.name}"
@@ -436,7 +436,9 @@ def test_a_filter_task_asks_the_disk_for_the_files_ahead_of_the_one_it_splits(
         os.close(fd)
     if any(map(in_page_cache, paths)):
         pytest.skip("the files stay in memory here (tmpfs): there is nothing to read ahead")
-    monkeypatch.setattr("sparkpoint.agent.recovery.READ_AHEAD_BYTES", 2 * segments[0].size - 1)
+    monkeypatch.setattr(
+        "sparkpoint.agent.recovery.split.READ_AHEAD_BYTES", 2 * segments[0].size - 1
+    )
 
     ahead = ReadAhead([str(p) for p in paths] + [str(tmp_path / "gone.arrow")])
     table, _ = ahead.read(0)
@@ -462,13 +464,13 @@ def test_a_filter_task_fetches_the_files_ahead_from_an_object_store_together(
     fetched while one is split, several at once, no more than the fetches ahead (nor, where
     the files' sizes are known, than the bytes ahead), and the split is the same as from local
     files."""
-    from sparkpoint.agent.state import read_file
+    from sparkpoint.agent.state.backend import read_file
 
     segments, files = restored_files(tmp_path / "run0")
     remote = [f"memory://ahead-{tmp_path.name}/{Path(f.path).name}" for f in files]
     for path, state_file in zip(remote, files, strict=True):
         write_file(path, Path(state_file.path).read_bytes())
-    monkeypatch.setattr("sparkpoint.agent.recovery.FETCHES_AHEAD", 2)
+    monkeypatch.setattr("sparkpoint.agent.recovery.split.FETCHES_AHEAD", 2)
     together = threading.Barrier(2, timeout=10)
     fetched: list[str] = []
 
@@ -478,7 +480,7 @@ def test_a_filter_task_fetches_the_files_ahead_from_an_object_store_together(
             together.wait()  # the first two are under way at the same time, or this breaks
         return read_file(path)
 
-    monkeypatch.setattr("sparkpoint.agent.recovery.read_file", fetch)
+    monkeypatch.setattr("sparkpoint.agent.recovery.split.read_file", fetch)
     with ReadAhead(remote) as ahead:
         table, size = ahead.read(0)
         assert (table.num_rows, size) == (segments[0].rows, segments[0].size)
@@ -486,8 +488,8 @@ def test_a_filter_task_fetches_the_files_ahead_from_an_object_store_together(
         ahead.read(1)
         assert ahead.requested == 4
     assert set(fetched) <= set(remote[:4])
-    monkeypatch.setattr("sparkpoint.agent.recovery.FETCHES_AHEAD", 8)
-    monkeypatch.setattr("sparkpoint.agent.recovery.READ_AHEAD_BYTES", segments[1].size)
+    monkeypatch.setattr("sparkpoint.agent.recovery.split.FETCHES_AHEAD", 8)
+    monkeypatch.setattr("sparkpoint.agent.recovery.split.READ_AHEAD_BYTES", segments[1].size)
     with ReadAhead(remote[2:], [s.size for s in segments[2:]]) as ahead:  # sizes known
         ahead.read(0)
         assert ahead.requested == 2, "the next file only: it fills the bytes ahead"

@@ -12,8 +12,8 @@ import pytest
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.kafka import make_admin
 from sparkpoint.common.topics import create_topics
-from sparkpoint.coordinator.kafka_counter import KafkaCheckpointIdCounter
-from sparkpoint.coordinator.store import CheckpointIdCounter
+from sparkpoint.coordinator.core.store import CheckpointIdCounter
+from sparkpoint.coordinator.service.kafka_counter import KafkaCheckpointIdCounter
 from tests.conftest import KafkaUnderTest
 from tests.unit.test_checkpoint_id_counter import (
     test_concurrent_increments_hand_out_1_to_n,

@@ -1,4 +1,4 @@
-"""The Spark driver's class archive (services/sparkpoint/agent/class_archive.py): `make install` builds it,
+"""The Spark driver's class archive (services/sparkpoint/agent/spark/class_archive.py): `make install` builds it,
 every session the agent starts maps it, a caller's own driver Java options stay, and an archive
 that crashes the JVM is neither installed nor, once damaged, in the way of a session."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sparkpoint.agent.class_archive import (
+from sparkpoint.agent.spark.class_archive import (
     ARCHIVE_ENV,
     DEFAULT_ARCHIVE,
     DRIVER_JAVA_OPTIONS,
@@ -96,7 +96,7 @@ def test_an_agents_driver_that_cannot_start_with_the_archive_starts_without_it(
     starts again without it, and the warning says what to do."""
     program = (
         "import logging; logging.basicConfig(level=logging.WARNING)\n"
-        "from sparkpoint.agent.spark import spark_session\n"
+        "from sparkpoint.agent.spark.session import spark_session\n"
         "session = spark_session('damaged-archive', 'local[1]')\n"
         "print('sum', session.sparkContext.parallelize(range(4)).sum())\n"
     )

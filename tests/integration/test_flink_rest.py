@@ -19,7 +19,7 @@ import pytest
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.flink_ids import flink_job_id, is_flink_id
-from sparkpoint.coordinator.flink_compat import WebUi
+from sparkpoint.coordinator.rest.flink_compat import WebUi
 from tests.conftest import KafkaUnderTest
 from tests.running_coordinator import Running, coordinator_in_thread, wait
 from tests.scripted_agent import ScriptedAgent

@@ -293,7 +293,7 @@ def test_a_trigger_fetched_with_the_registration_answer_reaches_the_job_loop(
 
     from confluent_kafka import Producer, TopicPartition
 
-    from sparkpoint.agent.membership import Membership
+    from sparkpoint.agent.control.membership import Membership
     from sparkpoint.common.events import JobRegistered, RegistrationResponse, SnapshotType
     from sparkpoint.common.events import TriggerCheckpoint as Trigger
     from sparkpoint.common.kafka import EventSubscriber, make_consumer

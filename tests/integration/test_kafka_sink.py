@@ -13,9 +13,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from sparkpoint.agent.job import KafkaSink
+from sparkpoint.agent.rounds.stages import to_ipc
 from sparkpoint.agent.sinks import kafka as sink_kafka
 from sparkpoint.agent.sinks.kafka import TRANSACTION_HEADER, KafkaSinkWriter
-from sparkpoint.agent.stages import to_ipc
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.kafka import consumer_config, make_admin
 from sparkpoint.common.topics import create_topics

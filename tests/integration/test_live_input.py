@@ -27,8 +27,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from sparkpoint.agent.example import Payment, ensure_topic, payments, reference_output
+from sparkpoint.agent.rounds.stages import FetchTask, read_ranges
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
-from sparkpoint.agent.stages import FetchTask, read_ranges
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.kafka import consumer_config, producer_config
 from tests.agent_jobs import build

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sparkpoint.agent.checkpointing.snapshots import SubtaskCheckpointing
 from sparkpoint.agent.sinks import outputs_digest
-from sparkpoint.agent.snapshots import SubtaskCheckpointing
 
 
 def test_an_epoch_whose_files_the_committer_deleted_is_left_out_for_every_subtask(

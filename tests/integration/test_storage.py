@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.common.storage import PathOutsideRoots, Storage
-from sparkpoint.coordinator.files import LOCAL_THREADS, THREADS, FileWork, Write, threads_for
+from sparkpoint.coordinator.service.files import (
+    LOCAL_THREADS,
+    THREADS,
+    FileWork,
+    Write,
+    threads_for,
+)
 
 
 @pytest.fixture

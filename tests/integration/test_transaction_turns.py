@@ -14,7 +14,7 @@ from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.events import JobStatus, JobStatusChanged
 from sparkpoint.common.kafka import make_admin
 from sparkpoint.common.topics import create_topics
-from sparkpoint.coordinator.writer import PartitionWriter, TransactionTurns
+from sparkpoint.coordinator.service.writer import PartitionWriter, TransactionTurns
 from tests.conftest import KafkaUnderTest
 
 

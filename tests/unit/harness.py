@@ -24,7 +24,7 @@ from sparkpoint.common.events import (
 )
 from sparkpoint.common.settings import CheckpointConfig
 from sparkpoint.common.storage import canonical
-from sparkpoint.coordinator.commands import (
+from sparkpoint.coordinator.core.commands import (
     CancelTimer,
     Command,
     DiscardState,
@@ -35,9 +35,9 @@ from sparkpoint.coordinator.commands import (
     ScheduleTimer,
     Timer,
 )
-from sparkpoint.coordinator.coordinator import CheckpointCoordinator, JobInfo
-from sparkpoint.coordinator.pending import AckResult
-from sparkpoint.coordinator.store import InMemoryCheckpointIdCounter
+from sparkpoint.coordinator.core.coordinator import CheckpointCoordinator, JobInfo
+from sparkpoint.coordinator.core.pending import AckResult
+from sparkpoint.coordinator.core.store import InMemoryCheckpointIdCounter
 
 JOB_ID = "job-0001"
 T0 = 1_000_000

@@ -6,7 +6,7 @@ the first checkpoint after a takeover expired and the job failed over)."""
 
 from __future__ import annotations
 
-from sparkpoint.coordinator.acks import ack_assignment_changes
+from sparkpoint.coordinator.service.acks import ack_assignment_changes
 
 
 def test_a_kept_partition_is_left_alone_and_a_new_one_starts_where_it_was_taken() -> None:

@@ -1,4 +1,4 @@
-"""What the coordinator accepts from agents (services/sparkpoint/coordinator/admission.py): registrations
+"""What the coordinator accepts from agents (services/sparkpoint/coordinator/core/admission.py): registrations
 judged for form, the one-agent lease, growing attempts, the adoption of a replayed history, and
 acknowledgements whose files must lie in the checkpoint's own places."""
 
@@ -18,7 +18,7 @@ from sparkpoint.common.events import (
     Subtask,
 )
 from sparkpoint.common.limits import LEASE_TIMEOUT_MS
-from sparkpoint.coordinator.admission import (
+from sparkpoint.coordinator.core.admission import (
     Holder,
     Refusal,
     ack_problem,

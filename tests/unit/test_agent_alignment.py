@@ -3,8 +3,8 @@ the assignment of channel state to the subtasks of a new parallelism. Pure logic
 
 from __future__ import annotations
 
-from sparkpoint.agent.alignment import BarrierPolicy, Decision
-from sparkpoint.agent.channel_state import ChannelStateFile, assign
+from sparkpoint.agent.checkpointing.barriers import BarrierPolicy, Decision
+from sparkpoint.agent.recovery.channel_state import ChannelStateFile, assign
 from sparkpoint.common.keygroups import key_group_range
 
 

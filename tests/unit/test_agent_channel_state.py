@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from sparkpoint.agent import channel_state
-from sparkpoint.agent.channels import Channel
-from sparkpoint.agent.stages import KEY_GROUP_COLUMN, from_ipc, keep_key_groups, to_ipc
-from sparkpoint.agent.state import link_or_copy
+from sparkpoint.agent.recovery import channel_state
+from sparkpoint.agent.rounds.channels import Channel
+from sparkpoint.agent.rounds.stages import KEY_GROUP_COLUMN, from_ipc, keep_key_groups, to_ipc
+from sparkpoint.agent.state.backend import link_or_copy
 from sparkpoint.common.keygroups import key_group_range
 
 MAX_PARALLELISM = 128

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.agent.channels import Channel, SegmentFiles, earliest_cut
+from sparkpoint.agent.rounds.channels import Channel, SegmentFiles, earliest_cut
 
 
 def segment(tmp_path: Path, name: str, size: int = 10) -> str:

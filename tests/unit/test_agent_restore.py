@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkpoint.agent.restore import missing_files
+from sparkpoint.agent.recovery.restore import missing_files
 
 
 def test_missing_files_are_found_with_one_listing_per_directory(tmp_path: Path) -> None:

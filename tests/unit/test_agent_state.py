@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from sparkpoint.agent.job import KeyedState, ListState, MapState, ValueState
-from sparkpoint.agent.state import (
+from sparkpoint.agent.state.backend import (
     StateBackend,
     Version,
     decode_state,

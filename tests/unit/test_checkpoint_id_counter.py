@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from sparkpoint.common.events import JobStatus
-from sparkpoint.coordinator.store import CheckpointIdCounter, InMemoryCheckpointIdCounter
+from sparkpoint.coordinator.core.store import CheckpointIdCounter, InMemoryCheckpointIdCounter
 
 # Each entry makes a counter over a given backing: two counters made over the same backing are the
 # same counter before and after a restart.

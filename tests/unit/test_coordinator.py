@@ -12,10 +12,10 @@ from sparkpoint.common.clock import ManualClock
 from sparkpoint.common.events import CheckpointFailureReason as Reason
 from sparkpoint.common.events import JobStatus, NotifyCheckpointAborted, SnapshotType
 from sparkpoint.common.settings import CheckpointConfig, ExternalizedRetention
-from sparkpoint.coordinator.commands import RequestCompleted, RequestFailed
-from sparkpoint.coordinator.coordinator import CheckpointCoordinator, JobInfo
-from sparkpoint.coordinator.pending import AckResult
-from sparkpoint.coordinator.store import CompletedCheckpoint, InMemoryCheckpointIdCounter
+from sparkpoint.coordinator.core.commands import RequestCompleted, RequestFailed
+from sparkpoint.coordinator.core.coordinator import CheckpointCoordinator, JobInfo
+from sparkpoint.coordinator.core.pending import AckResult
+from sparkpoint.coordinator.core.store import CompletedCheckpoint, InMemoryCheckpointIdCounter
 from tests.unit.harness import (
     JOB_DIR,
     JOB_ID,

@@ -24,11 +24,11 @@ from sparkpoint.common.events import (
     TriggerCheckpoint,
 )
 from sparkpoint.common.settings import CheckpointConfig
-from sparkpoint.coordinator.commands import FinalizeCheckpoint, Publish
-from sparkpoint.coordinator.coordinator import CheckpointCoordinator, JobInfo
-from sparkpoint.coordinator.decider import CheckpointRequest
-from sparkpoint.coordinator.pending import AckResult
-from sparkpoint.coordinator.store import InMemoryCheckpointIdCounter
+from sparkpoint.coordinator.core.commands import FinalizeCheckpoint, Publish
+from sparkpoint.coordinator.core.coordinator import CheckpointCoordinator, JobInfo
+from sparkpoint.coordinator.core.decider import CheckpointRequest
+from sparkpoint.coordinator.core.pending import AckResult
+from sparkpoint.coordinator.core.store import InMemoryCheckpointIdCounter
 from tests.unit.harness import JOB_ID, T0, Driver, ack, decline, shared, subtasks
 
 STEPS = 3000

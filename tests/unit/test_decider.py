@@ -7,7 +7,7 @@ import enum
 import pytest
 
 from sparkpoint.common.events import CheckpointFailureReason, SnapshotType
-from sparkpoint.coordinator.decider import CheckpointRequest, RequestDecider
+from sparkpoint.coordinator.core.decider import CheckpointRequest, RequestDecider
 
 NOW = 86_400_000  # a day in, like Flink's test clock
 PAUSE = 10

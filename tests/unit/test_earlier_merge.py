@@ -1,5 +1,5 @@
 """A coordinator's checkpoint statistics plus the history service's for earlier ownership
-epochs (sparkpoint.coordinator.earlier.merge)."""
+epochs (sparkpoint.coordinator.service.earlier.merge)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sparkpoint.coordinator.earlier import merge
+from sparkpoint.coordinator.service.earlier import merge
 
 pytestmark = pytest.mark.unit
 

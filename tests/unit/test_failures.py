@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sparkpoint.common.events import CheckpointFailureReason as Reason
-from sparkpoint.coordinator.failures import (
+from sparkpoint.coordinator.core.failures import (
     COUNTED,
     FailureManager,
     UnknownFailureReason,

@@ -12,7 +12,7 @@ from sparkpoint.common.events import CoordinatorAnnouncement
 from sparkpoint.common.flink_ids import flink_job_id
 from sparkpoint.common.kafka import partition_of
 from sparkpoint.common.settings import CheckpointConfig
-from sparkpoint.coordinator.service import CoordinatorService, ServiceSettings
+from sparkpoint.coordinator.service.instance import CoordinatorService, ServiceSettings
 
 pytestmark = pytest.mark.unit
 

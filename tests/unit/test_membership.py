@@ -1,4 +1,4 @@
-"""What the agent believes of its control events (services/sparkpoint/agent/membership.py), on a fake clock:
+"""What the agent believes of its control events (services/sparkpoint/agent/control/membership.py), on a fake clock:
 an event's claim of a newer coordinator epoch stands only when the coordinator's durable record
 confirms it, so a forged epoch cannot make the agent deaf to the coordinator that drives it."""
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from sparkpoint.agent.membership import EPOCH_CHECK_S, Membership
+from sparkpoint.agent.control.membership import EPOCH_CHECK_S, Membership
 from sparkpoint.common.events import (
     CancelJob,
     CheckpointStoreRecord,

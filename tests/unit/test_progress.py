@@ -1,6 +1,6 @@
 """A job's progress on a fake clock: what the agent reports with each heartbeat
-(services/sparkpoint/agent/progress.py), how a round's reads are shared out (``max_offsets_per_trigger``),
-and how the coordinator shows it (services/sparkpoint/coordinator/progress_views.py): Flink's vertex
+(services/sparkpoint/agent/control/progress.py), how a round's reads are shared out (``max_offsets_per_trigger``),
+and how the coordinator shows it (services/sparkpoint/coordinator/rest/progress_views.py): Flink's vertex
 metrics, back-pressure and Prometheus names, and a stalled partition."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from sparkpoint.agent.control.progress import RATE_WINDOW_S, Progress
 from sparkpoint.agent.job import KafkaSource
-from sparkpoint.agent.progress import RATE_WINDOW_S, Progress
 from sparkpoint.agent.sources import share_by_backlog
 from sparkpoint.common.events import AgentHeartbeat, JobRegistered, PartitionProgress
-from sparkpoint.coordinator import progress_views
-from sparkpoint.coordinator.progress_views import STALL_AFTER_MS
+from sparkpoint.coordinator.rest import progress_views
+from sparkpoint.coordinator.rest.progress_views import STALL_AFTER_MS
 from tests.factories import JOB, T0, job_registered
 
 

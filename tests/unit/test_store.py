@@ -6,7 +6,11 @@ import pytest
 
 from sparkpoint.common.events import JobStatus, SnapshotType
 from sparkpoint.common.settings import ExternalizedRetention
-from sparkpoint.coordinator.store import CompletedCheckpoint, CompletedCheckpointStore, FileRegistry
+from sparkpoint.coordinator.core.store import (
+    CompletedCheckpoint,
+    CompletedCheckpointStore,
+    FileRegistry,
+)
 
 
 def checkpoint(checkpoint_id: int, *files: str) -> CompletedCheckpoint:

@@ -6,9 +6,9 @@ import logging
 import sys
 from collections.abc import Callable
 
+from sparkpoint.agent.control.membership import RegistrationRefused, Superseded
 from sparkpoint.agent.job import Job, load_job
-from sparkpoint.agent.membership import RegistrationRefused, Superseded
-from sparkpoint.agent.restore import NoCheckpoint
+from sparkpoint.agent.recovery.restore import NoCheckpoint
 from sparkpoint.agent.runtime import Agent, AgentOptions
 from sparkpoint.agent.sinks import SinkConflict
 from sparkpoint.common.avro import EventCodec

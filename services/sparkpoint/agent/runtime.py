@@ -13,7 +13,7 @@ One round of the loop:
 3. stage 2 runs as one Spark job (one task per subtask with queued records), never past a
    barrier: new state versions and the round's output (staged for the current epoch);
 4. a checkpoint whose barrier every channel has reached (or, unaligned, at once or once the
-   aligned-checkpoint timeout ran out) is snapshotted: sparkpoint.agent.snapshots owns the
+   aligned-checkpoint timeout ran out) is snapshotted: sparkpoint.agent.checkpointing.snapshots owns the
    snapshot, the acknowledgements, completions and aborts.
 
 Subtasks: ``source-<i>`` (the positions of the partitions it owns) and ``keyed-<i>`` (its key
@@ -41,14 +41,24 @@ from typing import Any
 from confluent_kafka import TopicPartition
 from fsspec.core import url_to_fs
 
-from sparkpoint.agent import channel_state
-from sparkpoint.agent.channels import DEFAULT_CAPACITY_BYTES, Channel, Segment, SegmentFiles
+from sparkpoint.agent.checkpointing.snapshots import (
+    Copy,
+    PendingSnapshot,
+    SubtaskCheckpointing,
+    now_ms,
+)
+from sparkpoint.agent.control.membership import Membership, RegistrationRefused, Superseded
+from sparkpoint.agent.control.progress import Progress
 from sparkpoint.agent.faults import crash_point
 from sparkpoint.agent.formats import JsonValues, ValueFormat
 from sparkpoint.agent.job import FileSink, FileSource, Job, KafkaSink, KafkaSource
-from sparkpoint.agent.membership import Membership, RegistrationRefused, Superseded
-from sparkpoint.agent.progress import Progress
-from sparkpoint.agent.recovery import (
+from sparkpoint.agent.recovery import channel_state
+from sparkpoint.agent.recovery.restore import (
+    Restored,
+    load,
+    resolve_latest,
+)
+from sparkpoint.agent.recovery.split import (
     FILTER_BATCH_BYTES,
     HELD_BATCH_BYTES,
     ChannelRecovery,
@@ -56,18 +66,8 @@ from sparkpoint.agent.recovery import (
     FilterTask,
     filter_restored,
 )
-from sparkpoint.agent.restore import (
-    Restored,
-    load,
-    resolve_latest,
-)
-from sparkpoint.agent.sinks import EpochCommitter, SinkWriter, unpublished
-from sparkpoint.agent.sinks.files import FileSinkWriter
-from sparkpoint.agent.sinks.kafka import KafkaSinkWriter
-from sparkpoint.agent.snapshots import Copy, PendingSnapshot, SubtaskCheckpointing, now_ms
-from sparkpoint.agent.sources.files import FileSourceReader
-from sparkpoint.agent.sources.kafka import KafkaSourceReader
-from sparkpoint.agent.stages import (
+from sparkpoint.agent.rounds.channels import DEFAULT_CAPACITY_BYTES, Channel, Segment, SegmentFiles
+from sparkpoint.agent.rounds.stages import (
     FetchResult,
     FetchTask,
     ProcessResult,
@@ -80,14 +80,19 @@ from sparkpoint.agent.stages import (
     process_subtask,
     unless_user_failed,
 )
-from sparkpoint.agent.state import (
+from sparkpoint.agent.sinks import EpochCommitter, SinkWriter, unpublished
+from sparkpoint.agent.sinks.files import FileSinkWriter
+from sparkpoint.agent.sinks.kafka import KafkaSinkWriter
+from sparkpoint.agent.sources.files import FileSourceReader
+from sparkpoint.agent.sources.kafka import KafkaSourceReader
+from sparkpoint.agent.spark.traffic import DriverTraffic
+from sparkpoint.agent.state.backend import (
     StateBackend,
     Version,
     job_dirs,
     local_path,
     working_path,
 )
-from sparkpoint.agent.traffic import DriverTraffic
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.checkpoint_store import latest_store_record
 from sparkpoint.common.events import (
@@ -331,7 +336,7 @@ class Agent(SubtaskCheckpointing):
 
     def _spark(self) -> Any:
         if self.spark is None:
-            from sparkpoint.agent.spark import spark_session
+            from sparkpoint.agent.spark.session import spark_session
 
             self.spark = spark_session(
                 f"sparkpoint {self.job_id}", self.options.master, self.options.spark_settings
@@ -854,7 +859,7 @@ class Agent(SubtaskCheckpointing):
             # a checkpoint aligned by the round that just ended is snapshotted before the next
             # round takes what lies behind its barrier
             self._snapshot_due()
-            # stage 2 is submitted first and its Spark pool has priority (sparkpoint.agent.spark):
+            # stage 2 is submitted first and its Spark pool has priority (sparkpoint.agent.spark.session):
             # the records a round brought are processed before the next round is read, while
             # stage 1 of the next round uses the cores stage 2 leaves
             busy |= self._start_process()
@@ -1083,7 +1088,7 @@ class Agent(SubtaskCheckpointing):
         log.info("job %s: end of input; asking for the final checkpoint", self.job_id)
         self._announce(JobStatus.RUNNING, end_of_input=True)
 
-    # --- the checkpoint protocol (sparkpoint.agent.snapshots) ----------------------------------------
+    # --- the checkpoint protocol (sparkpoint.agent.checkpointing.snapshots) ----------------------------------------
 
     def _on_control(self, event: object) -> bool:
         """Handles one control event; true when the job ended."""

@@ -15,9 +15,9 @@ import uvicorn
 
 from sparkpoint.common.settings import CheckpointConfig
 from sparkpoint.common.storage import absolute
-from sparkpoint.coordinator.api import create_app
-from sparkpoint.coordinator.flink_compat import WebUi
-from sparkpoint.coordinator.service import CoordinatorService, ServiceSettings
+from sparkpoint.coordinator.rest.app import create_app
+from sparkpoint.coordinator.rest.flink_compat import WebUi
+from sparkpoint.coordinator.service.instance import CoordinatorService, ServiceSettings
 
 log = logging.getLogger(__name__)
 

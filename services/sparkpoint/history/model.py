@@ -35,7 +35,7 @@ from sparkpoint.common.events import (
     SnapshotType,
 )
 from sparkpoint.common.flink_ids import flink_job_id
-from sparkpoint.coordinator.stats import PERCENTILES, percentile
+from sparkpoint.coordinator.core.stats import PERCENTILES, percentile
 
 Doc = dict[str, Any]
 

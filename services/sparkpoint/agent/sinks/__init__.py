@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from sparkpoint.agent.stages import from_ipc
-from sparkpoint.agent.state import delete_files
+from sparkpoint.agent.rounds.stages import from_ipc
+from sparkpoint.agent.state.backend import delete_files
 
 log = logging.getLogger(__name__)
 

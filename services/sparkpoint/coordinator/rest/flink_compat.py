@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sparkpoint.common.flink_ids import is_flink_id
 
 if TYPE_CHECKING:
-    from sparkpoint.coordinator.service import CoordinatorService
+    from sparkpoint.coordinator.service.instance import CoordinatorService
 
 log = logging.getLogger(__name__)
 

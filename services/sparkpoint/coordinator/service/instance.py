@@ -95,8 +95,7 @@ from sparkpoint.common.topics import (
     JOBS,
     topic_prefix,
 )
-from sparkpoint.coordinator.acks import AckReader
-from sparkpoint.coordinator.admission import (
+from sparkpoint.coordinator.core.admission import (
     ACCEPT,
     Admission,
     Refusal,
@@ -105,7 +104,7 @@ from sparkpoint.coordinator.admission import (
     registration_problem,
     sender_problem,
 )
-from sparkpoint.coordinator.commands import (
+from sparkpoint.coordinator.core.commands import (
     CancelTimer,
     Command,
     DiscardState,
@@ -116,9 +115,16 @@ from sparkpoint.coordinator.commands import (
     ScheduleTimer,
     Timer,
 )
-from sparkpoint.coordinator.coordinator import CheckpointCoordinator, JobInfo
-from sparkpoint.coordinator.files import Delete, FileWork, Write
-from sparkpoint.coordinator.owned import (
+from sparkpoint.coordinator.core.coordinator import CheckpointCoordinator, JobInfo
+from sparkpoint.coordinator.core.pending import AckResult
+from sparkpoint.coordinator.core.store import (
+    CompletedCheckpoint,
+    Discard,
+    InMemoryCheckpointIdCounter,
+)
+from sparkpoint.coordinator.service.acks import AckReader
+from sparkpoint.coordinator.service.files import Delete, FileWork, Write
+from sparkpoint.coordinator.service.owned import (
     DisposalRefused,
     JobHistory,
     OwnedElsewhere,
@@ -128,10 +134,8 @@ from sparkpoint.coordinator.owned import (
     UnknownJob,
     UpdateInProgress,
 )
-from sparkpoint.coordinator.pending import AckResult
-from sparkpoint.coordinator.store import CompletedCheckpoint, Discard, InMemoryCheckpointIdCounter
-from sparkpoint.coordinator.trace import StepTrace
-from sparkpoint.coordinator.writer import (
+from sparkpoint.coordinator.service.trace import StepTrace
+from sparkpoint.coordinator.service.writer import (
     Done,
     NotOwner,
     OutcomeUnknown,
@@ -178,10 +182,10 @@ class ServiceSettings:
     rest_url: str = ""
     history_url: str | None = None
     """The history service (`sparkpoint history`): checkpoint statistics from before this
-    instance owned a job are added from it (`sparkpoint.coordinator.earlier`)."""
+    instance owned a job are added from it (`sparkpoint.coordinator.service.earlier`)."""
     transactions_in_flight: int = 1
     """How many of this instance's partition writers may have a transaction open at once
-    (`sparkpoint.coordinator.writer.TransactionTurns`)."""
+    (`sparkpoint.coordinator.service.writer.TransactionTurns`)."""
 
     def roots(self) -> list[str]:
         """The storage roots: every path the coordinator writes or deletes lies inside one."""

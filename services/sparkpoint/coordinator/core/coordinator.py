@@ -2,7 +2,7 @@
 
 Inputs come with the time they happen (``now_ms``): timers firing, acknowledgements, declines,
 manual requests, configuration changes, backlog reports, the service's report that ``_metadata``
-was written. Each input returns the commands to carry out (`sparkpoint.coordinator.commands`):
+was written. Each input returns the commands to carry out (`sparkpoint.coordinator.core.commands`):
 publish an event, schedule or cancel a timer, finalize a checkpoint, discard state, answer a
 request. No I/O, no wall clock, no threads; randomness is injected.
 
@@ -48,8 +48,8 @@ from sparkpoint.common.events import (
 )
 from sparkpoint.common.settings import CheckpointConfig
 from sparkpoint.common.storage import canonical
-from sparkpoint.coordinator.admission import ack_problem
-from sparkpoint.coordinator.commands import (
+from sparkpoint.coordinator.core.admission import ack_problem
+from sparkpoint.coordinator.core.commands import (
     CancelTimer,
     Command,
     DiscardState,
@@ -61,12 +61,12 @@ from sparkpoint.coordinator.commands import (
     Timer,
     TimerKind,
 )
-from sparkpoint.coordinator.decider import CheckpointRequest, Decision, RequestDecider
-from sparkpoint.coordinator.failures import FailoverDecision, FailureManager
-from sparkpoint.coordinator.pending import AckResult, PendingCheckpoint
-from sparkpoint.coordinator.scheduler import PeriodicTrigger
-from sparkpoint.coordinator.stats import CheckpointStatsTracker
-from sparkpoint.coordinator.store import (
+from sparkpoint.coordinator.core.decider import CheckpointRequest, Decision, RequestDecider
+from sparkpoint.coordinator.core.failures import FailoverDecision, FailureManager
+from sparkpoint.coordinator.core.pending import AckResult, PendingCheckpoint
+from sparkpoint.coordinator.core.scheduler import PeriodicTrigger
+from sparkpoint.coordinator.core.stats import CheckpointStatsTracker
+from sparkpoint.coordinator.core.store import (
     CheckpointIdCounter,
     CompletedCheckpoint,
     CompletedCheckpointStore,

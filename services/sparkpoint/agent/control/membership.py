@@ -97,7 +97,7 @@ class Membership:
     ) -> None:
         self.job_id = job_id
         self.progress = progress
-        """The job's progress, sent with every heartbeat (`sparkpoint.agent.progress`)."""
+        """The job's progress, sent with every heartbeat (`sparkpoint.agent.control.progress`)."""
         self.agent_id = agent_id
         self.publisher = publisher
         self.stopping = stopping

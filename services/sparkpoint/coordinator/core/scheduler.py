@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from sparkpoint.coordinator.commands import CancelTimer, ScheduleTimer, Timer
+from sparkpoint.coordinator.core.commands import CancelTimer, ScheduleTimer, Timer
 
 
 class PeriodicTrigger:

@@ -26,7 +26,7 @@ from sparkpoint.common.kafka import (
     make_consumer,
 )
 from sparkpoint.common.topics import ACKS
-from sparkpoint.coordinator.trace import StepTrace, wall_ms
+from sparkpoint.coordinator.service.trace import StepTrace, wall_ms
 
 POLL_TIMEOUT_S = 0.05
 """The reader wakes this often to notice stop requests and partition changes."""

@@ -15,8 +15,8 @@ from sparkpoint.common.events import (
     JobStatusChanged,
 )
 from sparkpoint.common.settings import CheckpointConfig
-from sparkpoint.coordinator.admission import Holder
-from sparkpoint.coordinator.coordinator import CheckpointCoordinator
+from sparkpoint.coordinator.core.admission import Holder
+from sparkpoint.coordinator.core.coordinator import CheckpointCoordinator
 
 
 class UpdateInProgress(RuntimeError):

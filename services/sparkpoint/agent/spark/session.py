@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sparkpoint.agent.class_archive import (
+from sparkpoint.agent.spark.class_archive import (
     ARCHIVE_ENV,
     DRIVER_JAVA_OPTIONS,
     archive_path,
@@ -66,7 +66,7 @@ def spark_session(
             raise
         log.warning(
             "the Spark driver did not start with the class archive %s (%s); starting it "
-            "without: build the archive again (python -m sparkpoint.agent.class_archive) or "
+            "without: build the archive again (python -m sparkpoint.agent.spark.class_archive) or "
             "set %s=off", archive, exc, ARCHIVE_ENV,
         )  # fmt: skip
         session = start_session(app_name, master, {DRIVER_JAVA_OPTIONS: "", **chosen})

@@ -19,7 +19,7 @@ from sparkpoint.common.restarts import RestartConfig
 from sparkpoint.common.settings import ConfigError
 
 if TYPE_CHECKING:
-    from sparkpoint.coordinator.owned import OwnedJob
+    from sparkpoint.coordinator.service.owned import OwnedJob
 
 STAGES = ("Source: stage 1 (read, map, key by)", "Keyed stage 2 (keyed function) -> Sink")
 

@@ -24,16 +24,16 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from sparkpoint.agent import channel_state
-from sparkpoint.agent.alignment import BarrierPolicy, Decision
-from sparkpoint.agent.channels import Channel, Segment, SegmentFiles, earliest_cut
+from sparkpoint.agent.checkpointing.barriers import BarrierPolicy, Decision
 from sparkpoint.agent.faults import crash_point
-from sparkpoint.agent.recovery import ChannelRecovery
-from sparkpoint.agent.restore import SOURCE_FORMAT
+from sparkpoint.agent.recovery import channel_state
+from sparkpoint.agent.recovery.restore import SOURCE_FORMAT
+from sparkpoint.agent.recovery.split import ChannelRecovery
+from sparkpoint.agent.rounds.channels import Channel, Segment, SegmentFiles, earliest_cut
 from sparkpoint.agent.sinks import EpochCommitter
 from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
-from sparkpoint.agent.state import (
+from sparkpoint.agent.state.backend import (
     StateBackend,
     Upload,
     copy_file,
@@ -185,7 +185,7 @@ class SubtaskCheckpointing:
         not_ready = self.restoring.not_ready(self.channels)
         if (
             not_ready is not None
-        ):  # recovering (sparkpoint.agent.recovery): not counted as a failure
+        ):  # recovering (sparkpoint.agent.recovery.split): not counted as a failure
             subtask, why = not_ready
             log.info(
                 "job %s: checkpoint %d declined, %s %s", self.job_id, checkpoint_id, subtask, why

@@ -28,9 +28,8 @@ from sparkpoint.common.limits import MAX_TEXT
 from sparkpoint.common.metadata import BadMetadata, SnapshotMetadata
 from sparkpoint.common.settings import CheckpointConfig, ConfigError
 from sparkpoint.common.storage import PathOutsideRoots
-from sparkpoint.coordinator import job_views, progress_views
-from sparkpoint.coordinator.earlier import earlier_statistics, merge
-from sparkpoint.coordinator.flink_compat import (
+from sparkpoint.coordinator.rest import job_views, progress_views
+from sparkpoint.coordinator.rest.flink_compat import (
     FORWARD,
     FORWARDED_HEADER,
     FlinkPaths,
@@ -40,16 +39,7 @@ from sparkpoint.coordinator.flink_compat import (
     forward,
     http_client,
 )
-from sparkpoint.coordinator.owned import (
-    DisposalRefused,
-    OwnedElsewhere,
-    OwnedJob,
-    TriggerIdInUse,
-    TriggerRequest,
-    UnknownJob,
-    UpdateInProgress,
-)
-from sparkpoint.coordinator.rest_models import (
+from sparkpoint.coordinator.rest.models import (
     BAD_REQUEST,
     CONFLICT,
     ELSEWHERE,
@@ -87,8 +77,18 @@ from sparkpoint.coordinator.rest_models import (
     VertexMetrics,
     answers,
 )
-from sparkpoint.coordinator.service import CoordinatorService
-from sparkpoint.coordinator.writer import NotOwner
+from sparkpoint.coordinator.service.earlier import earlier_statistics, merge
+from sparkpoint.coordinator.service.instance import CoordinatorService
+from sparkpoint.coordinator.service.owned import (
+    DisposalRefused,
+    OwnedElsewhere,
+    OwnedJob,
+    TriggerIdInUse,
+    TriggerRequest,
+    UnknownJob,
+    UpdateInProgress,
+)
+from sparkpoint.coordinator.service.writer import NotOwner
 
 HOP = "sparkpoint-hop"
 """Query parameter of a redirect for a JobID this instance does not know: the partitions tried

@@ -48,11 +48,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from sparkpoint.agent.channel_state import ChannelStateFile
-from sparkpoint.agent.channels import Channel, Segment
 from sparkpoint.agent.faults import crash_point
-from sparkpoint.agent.stages import KEY_GROUP_COLUMN
-from sparkpoint.agent.state import (
+from sparkpoint.agent.recovery.channel_state import ChannelStateFile
+from sparkpoint.agent.rounds.channels import Channel, Segment
+from sparkpoint.agent.rounds.stages import KEY_GROUP_COLUMN
+from sparkpoint.agent.state.backend import (
     into_place,
     link_or_copy,
     local_path,

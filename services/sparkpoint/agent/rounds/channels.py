@@ -19,7 +19,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from sparkpoint.agent.state import delete_files
+from sparkpoint.agent.state.backend import delete_files
 
 DEFAULT_CAPACITY_BYTES = 256 * 1024 * 1024
 """Per channel, queued segment bytes above which the source stops fetching (backpressure)."""

@@ -20,7 +20,7 @@ from sparkpoint.common.events import AgentHeartbeat, JobRegistered, PartitionPro
 
 
 class Reporting(Protocol):
-    """A job as these views need it (`sparkpoint.coordinator.owned.Reporting` is one)."""
+    """A job as these views need it (`sparkpoint.coordinator.service.owned.Reporting` is one)."""
 
     @property
     def registration(self) -> JobRegistered: ...

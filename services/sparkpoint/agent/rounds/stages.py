@@ -33,7 +33,7 @@ from sparkpoint.agent.job import (
     empty_series,
 )
 from sparkpoint.agent.sources.consumers import CONSUMERS
-from sparkpoint.agent.state import (
+from sparkpoint.agent.state.backend import (
     decode_state,
     encode_state,
     read_file,

@@ -13,7 +13,7 @@ from sparkpoint.common.events import (
     SavepointFormat,
     SnapshotType,
 )
-from sparkpoint.coordinator.store import Discard
+from sparkpoint.coordinator.core.store import Discard
 
 
 class TimerKind(enum.Enum):

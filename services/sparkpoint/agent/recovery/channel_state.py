@@ -25,8 +25,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sparkpoint.agent.channels import Segment
-from sparkpoint.agent.state import link_or_copy_all, read_file, write_file
+from sparkpoint.agent.rounds.channels import Segment
+from sparkpoint.agent.state.backend import link_or_copy_all, read_file, write_file
 from sparkpoint.common.events import StateHandle, StateHandleKind
 from sparkpoint.common.keygroups import KeyGroupRange
 

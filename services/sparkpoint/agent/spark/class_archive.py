@@ -9,7 +9,7 @@ about: a session with the agent's settings to its first RDD result, 13.0-13.3 s 
 archive and 8.4-8.5 s with it; a session and its first SQL and RDD results, 17-19 s and 11-12 s.
 
 ``make install`` builds the archive once into the environment (``python -m
-sparkpoint.agent.class_archive``); every Spark session the agent starts maps it when the file is
+sparkpoint.agent.spark.class_archive``); every Spark session the agent starts maps it when the file is
 there. The JVM checks that the archive matches its own build and class path and runs without it
 otherwise (a newer Java, other Spark jars): that only costs the seconds again, and building it
 once more brings them back. ``SPARKPOINT_SPARK_CLASS_ARCHIVE`` names another file, or ``off``.
@@ -43,7 +43,7 @@ DEFAULT_ARCHIVE = Path(sys.prefix) / "share" / "sparkpoint" / "spark-driver.jsa"
 
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 """The directory holding the ``sparkpoint`` package, for the process ``verify`` starts."""
 
 DUMP_TIMEOUT_S = 300.0
@@ -78,7 +78,7 @@ def build(archive: Path, master: str = "local[2]") -> int:
     size in bytes."""
     from pyspark import SparkContext
 
-    from sparkpoint.agent.spark import spark_session
+    from sparkpoint.agent.spark.session import spark_session
 
     archive = archive.absolute()  # the JVM that verifies it runs in another directory
     archive.parent.mkdir(parents=True, exist_ok=True)
@@ -107,8 +107,8 @@ def build(archive: Path, master: str = "local[2]") -> int:
 VERIFY = """
 import sys
 from pathlib import Path
-from sparkpoint.agent.class_archive import with_archive
-from sparkpoint.agent.spark import QUIET_DEFAULTS, start_session
+from sparkpoint.agent.spark.class_archive import with_archive
+from sparkpoint.agent.spark.session import QUIET_DEFAULTS, start_session
 settings = with_archive(QUIET_DEFAULTS, Path(sys.argv[2]))
 session = start_session("sparkpoint-class-archive-check", sys.argv[1], settings)
 session.sparkContext.parallelize(range(4), 2).map(lambda x: x + 1).collect()
@@ -157,7 +157,7 @@ def _warm_up(session: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sparkpoint.agent.class_archive",
+        prog="python -m sparkpoint.agent.spark.class_archive",
         description="Builds the Spark driver's class-data-sharing archive (agents start sooner).",
     )
     parser.add_argument(

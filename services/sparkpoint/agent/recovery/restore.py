@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from fsspec.core import url_to_fs
 
-from sparkpoint.agent.channel_state import ChannelStateFile, read_manifest
-from sparkpoint.agent.state import read_file
+from sparkpoint.agent.recovery.channel_state import ChannelStateFile, read_manifest
+from sparkpoint.agent.state.backend import read_file
 from sparkpoint.common.events import CheckpointStoreRecord, StateHandleKind
 from sparkpoint.common.metadata import BadMetadata, SnapshotMetadata
 from sparkpoint.common.storage import CHECKPOINT_DIR

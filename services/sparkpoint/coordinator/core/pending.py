@@ -6,7 +6,7 @@ import enum
 from collections.abc import Iterable, Iterator
 
 from sparkpoint.common.events import AcknowledgeCheckpoint, StateHandle
-from sparkpoint.coordinator.decider import CheckpointRequest
+from sparkpoint.coordinator.core.decider import CheckpointRequest
 
 
 class AckResult(enum.Enum):
