@@ -33,7 +33,7 @@ from sparkpoint.coordinator.core.commands import (
     Timer,
 )
 from sparkpoint.coordinator.core.coordinator import CheckpointCoordinator, JobInfo
-from sparkpoint.coordinator.core.store import InMemoryCheckpointIdCounter
+from sparkpoint.coordinator.service.memory_counter import InMemoryCheckpointIdCounter
 
 JOBS = 1000
 SUBTASKS = 8

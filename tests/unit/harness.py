@@ -37,7 +37,7 @@ from sparkpoint.coordinator.core.commands import (
 )
 from sparkpoint.coordinator.core.coordinator import CheckpointCoordinator, JobInfo
 from sparkpoint.coordinator.core.pending import AckResult
-from sparkpoint.coordinator.core.store import InMemoryCheckpointIdCounter
+from sparkpoint.coordinator.service.memory_counter import InMemoryCheckpointIdCounter
 
 JOB_ID = "job-0001"
 T0 = 1_000_000

@@ -9,7 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from sparkpoint.common.events import JobStatus
-from sparkpoint.coordinator.core.store import CheckpointIdCounter, InMemoryCheckpointIdCounter
+from sparkpoint.coordinator.core.store import CheckpointIdCounter
+from sparkpoint.coordinator.service.memory_counter import InMemoryCheckpointIdCounter
 
 # Each entry makes a counter over a given backing: two counters made over the same backing are the
 # same counter before and after a restart.

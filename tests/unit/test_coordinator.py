@@ -15,7 +15,8 @@ from sparkpoint.common.settings import CheckpointConfig, ExternalizedRetention
 from sparkpoint.coordinator.core.commands import RequestCompleted, RequestFailed
 from sparkpoint.coordinator.core.coordinator import CheckpointCoordinator, JobInfo
 from sparkpoint.coordinator.core.pending import AckResult
-from sparkpoint.coordinator.core.store import CompletedCheckpoint, InMemoryCheckpointIdCounter
+from sparkpoint.coordinator.core.store import CompletedCheckpoint
+from sparkpoint.coordinator.service.memory_counter import InMemoryCheckpointIdCounter
 from tests.unit.harness import (
     JOB_DIR,
     JOB_ID,

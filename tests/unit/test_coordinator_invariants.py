@@ -28,7 +28,7 @@ from sparkpoint.coordinator.core.commands import FinalizeCheckpoint, Publish
 from sparkpoint.coordinator.core.coordinator import CheckpointCoordinator, JobInfo
 from sparkpoint.coordinator.core.decider import CheckpointRequest
 from sparkpoint.coordinator.core.pending import AckResult
-from sparkpoint.coordinator.core.store import InMemoryCheckpointIdCounter
+from sparkpoint.coordinator.service.memory_counter import InMemoryCheckpointIdCounter
 from tests.unit.harness import JOB_ID, T0, Driver, ack, decline, shared, subtasks
 
 STEPS = 3000

@@ -27,7 +27,7 @@ from sparkpoint.common.events import (
     SnapshotType,
     StateHandleKind,
 )
-from sparkpoint.common.storage import canonical
+from sparkpoint.common.paths import canonical
 
 FORMAT_VERSION = 2
 NAME = "_metadata"

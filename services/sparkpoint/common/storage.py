@@ -20,6 +20,10 @@ from pathlib import Path
 import fsspec
 from fsspec.core import url_to_fs
 
+# the pure path helpers, here too for callers of storage.canonical and storage.within
+from sparkpoint.common.paths import canonical as canonical
+from sparkpoint.common.paths import within as within
+
 log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = re.compile(r"^chk-(\d+)$")
@@ -39,34 +43,10 @@ def _split(url: str) -> tuple[str, str]:
     return "file", os.path.normpath(os.path.abspath(os.path.expanduser(url)))
 
 
-def canonical(url: str) -> str:
-    """A path or URL in one spelling: absolute, no ``.``/``..`` segments, no doubled or trailing
-    slashes. Pure string work (no file system calls), for comparing and prefix-testing paths that
-    came from events. Local paths resolve against the working directory."""
-    if "://" in url:
-        protocol, rest = url.split("://", 1)
-        if _plain("/" + rest):
-            return url
-        return f"{protocol}://{posixpath.normpath('/' + rest.lstrip('/')).lstrip('/')}"
-    if _plain(url):
-        return url  # the common case, already canonical: no work on the acknowledgement path
-    return os.path.normpath(os.path.abspath(os.path.expanduser(url)))
-
-
 def absolute(url: str) -> str:
     """A URL as given, a local path made absolute (relative paths mean the working directory of
     the process that reads them; resolved once, at start, and shown)."""
     return url if "://" in url else str(Path(url).expanduser().resolve())
-
-
-def _plain(path: str) -> bool:
-    return path.startswith("/") and "/." not in path and "//" not in path and not path.endswith("/")
-
-
-def within(path: str, directory: str) -> bool:
-    """Whether ``path`` lies strictly inside ``directory`` (both compared in `canonical` form)."""
-    inner, outer = canonical(path), canonical(directory)
-    return inner.startswith(outer.rstrip("/") + "/")
 
 
 class Storage:

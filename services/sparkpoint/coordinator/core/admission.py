@@ -45,8 +45,8 @@ from sparkpoint.common.limits import (
     MAX_TEXT,
     job_id_problem,
 )
+from sparkpoint.common.paths import canonical
 from sparkpoint.common.settings import CheckpointConfig, ConfigError
-from sparkpoint.common.storage import canonical
 
 AGENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SUBTASK_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}-(\d{1,5})$")

@@ -46,8 +46,8 @@ from sparkpoint.common.events import (
     SnapshotType,
     TriggerCheckpoint,
 )
+from sparkpoint.common.paths import canonical
 from sparkpoint.common.settings import CheckpointConfig
-from sparkpoint.common.storage import canonical
 from sparkpoint.coordinator.core.admission import ack_problem
 from sparkpoint.coordinator.core.commands import (
     CancelTimer,

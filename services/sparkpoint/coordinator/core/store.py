@@ -1,5 +1,6 @@
 """Completed checkpoints, their retention, the reference counts of their files, and the
-checkpoint id counter.
+checkpoint id counter's contract (its implementations hold state or talk to Kafka, so they live
+in the service: `memory_counter`, `kafka_counter`).
 
 Retention follows Flink's DefaultCompletedCheckpointStore and CheckpointSubsumeHelper: keep
 ``num_retained`` completed checkpoints, subsume the oldest first, never the latest one and never
@@ -13,7 +14,6 @@ holds all of its files, a completed savepoint holds its files for ever.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -201,32 +201,3 @@ class CheckpointIdCounter(Protocol):
     def shutdown(self, status: JobStatus) -> None:
         """The job ended with ``status``; release what the counter holds."""
         ...
-
-
-class InMemoryCheckpointIdCounter:
-    """The counter held in memory; ``backing`` stands for the storage a restarted counter reads
-    (a dict shared between instances), so restarts can be tested without Kafka."""
-
-    def __init__(self, backing: dict[str, int] | None = None) -> None:
-        self._backing = backing if backing is not None else {}
-        self._backing.setdefault("next", 1)
-        self._lock = threading.Lock()
-
-    def get_and_increment(self) -> int:
-        with self._lock:
-            current = self._backing["next"]
-            self._backing["next"] = current + 1
-            return current
-
-    def get(self) -> int:
-        return self._backing["next"]
-
-    def set_count(self, count: int) -> None:
-        if count < 1:
-            raise ValueError(f"checkpoint ids start at 1, got {count}")
-        with self._lock:
-            self._backing["next"] = max(self._backing["next"], count)
-
-    def shutdown(self, status: JobStatus) -> None:
-        """Nothing to release. The count is kept even for a terminal status: a job id that
-        comes back must not reuse an id its old checkpoints still carry on storage."""

@@ -117,13 +117,10 @@ from sparkpoint.coordinator.core.commands import (
 )
 from sparkpoint.coordinator.core.coordinator import CheckpointCoordinator, JobInfo
 from sparkpoint.coordinator.core.pending import AckResult
-from sparkpoint.coordinator.core.store import (
-    CompletedCheckpoint,
-    Discard,
-    InMemoryCheckpointIdCounter,
-)
+from sparkpoint.coordinator.core.store import CompletedCheckpoint, Discard
 from sparkpoint.coordinator.service.acks import AckReader
 from sparkpoint.coordinator.service.files import Delete, FileWork, Write
+from sparkpoint.coordinator.service.memory_counter import InMemoryCheckpointIdCounter
 from sparkpoint.coordinator.service.owned import (
     DisposalRefused,
     JobHistory,
