@@ -20,9 +20,10 @@ import logging
 import mimetypes
 import weakref
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -30,9 +31,6 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sparkpoint.common.flink_ids import is_flink_id
-
-if TYPE_CHECKING:
-    from sparkpoint.coordinator.service.instance import CoordinatorService
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +95,12 @@ class WebUi:
 
 class FlinkPaths:
     """ASGI middleware: strips ``/v1`` and ``/flink``, serves the dashboard's files, and puts
-    the job id in place of a JobID the instance knows, before the API routes the request."""
+    the job id in place of a JobID the instance knows (``resolve``: the service's), before the
+    API routes the request."""
 
-    def __init__(self, app: ASGIApp, service: CoordinatorService, web_ui: WebUi | None) -> None:
+    def __init__(self, app: ASGIApp, resolve: Callable[[str], str], web_ui: WebUi | None) -> None:
         self.app = app
-        self.service = service
+        self.resolve = resolve
         self.web_ui = web_ui
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -128,7 +127,7 @@ class FlinkPaths:
             path, from_flink = f"/{name}", True
         parts = path.split("/", 3)
         if len(parts) >= 3 and parts[1] == "jobs" and is_flink_id(parts[2]):
-            parts[2] = self.service.resolve(parts[2])
+            parts[2] = self.resolve(parts[2])
             path = "/".join(parts)
         if path != sent or from_flink:
             raw = scope.get("raw_path") or sent.encode()

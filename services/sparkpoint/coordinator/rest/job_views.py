@@ -1,6 +1,6 @@
-"""A job as Flink's REST API shows it: ``/jobs/overview``, ``/jobs/{id}``, ``/jobs/{id}/exceptions``
-and ``/jobs/{id}/config``, built from what the coordinator knows of the job (its registration,
-its status history, its failures). Pure: the time comes in as an argument.
+"""A job as Flink's REST API shows it: ``/jobs/overview``, ``/jobs/{id}``, ``/jobs/{id}/plan``,
+``/jobs/{id}/exceptions`` and ``/jobs/{id}/config``, built from what the coordinator knows of the
+job (its registration, its status history, its failures). Pure: the time comes in as an argument.
 
 sparkpoint's job graph is two vertices, as Flink would show it: stage 1 (the source, the map and
 the key extraction) and stage 2 (the keyed function and the sink), each with the job's
@@ -137,6 +137,29 @@ def vertex_index(job: OwnedJob, vertex: str) -> int | None:
     return found[0] if found else None
 
 
+def plan(job: OwnedJob) -> dict[str, Any]:
+    """``GET /jobs/{id}/plan``, and the plan in ``GET /jobs/{id}`` (Flink's JobPlanInfo)."""
+    jid = flink_job_id(job.job_id)
+    registration = job.registration
+    return {
+        "jid": jid,
+        "name": registration.job_name,
+        "type": "STREAMING",
+        "nodes": [
+            {
+                "id": vertex_id(job.job_id, i),
+                "parallelism": registration.parallelism,
+                "operator": "",
+                "operator_strategy": "",
+                "description": name,
+                "optimizer_properties": {},
+                "inputs": [] if i == 0 else [{"num": 0, "id": vertex_id(job.job_id, 0), "ship_strategy": "HASH", "exchange": "pipelined_bounded"}],
+            }
+            for i, name in enumerate(STAGES)
+        ],
+    }  # fmt: skip
+
+
 def details(job: OwnedJob, now_ms: int) -> dict[str, Any]:
     """``GET /jobs/{id}`` (Flink's JobDetailsInfo)."""
     start, end, duration = _times(job, now_ms)
@@ -177,23 +200,7 @@ def details(job: OwnedJob, now_ms: int) -> dict[str, Any]:
         "vertices": vertices,
         "status-counts": status_counts,
         "pending-operators": 0,
-        "plan": {
-            "jid": jid,
-            "name": registration.job_name,
-            "type": "STREAMING",
-            "nodes": [
-                {
-                    "id": vertex_id(job.job_id, i),
-                    "parallelism": registration.parallelism,
-                    "operator": "",
-                    "operator_strategy": "",
-                    "description": name,
-                    "optimizer_properties": {},
-                    "inputs": [] if i == 0 else [{"num": 0, "id": vertex_id(job.job_id, 0), "ship_strategy": "HASH", "exchange": "pipelined_bounded"}],
-                }
-                for i, name in enumerate(STAGES)
-            ],
-        },
+        "plan": plan(job),
         "sparkpoint": {
             "job_id": job.job_id,
             "agent_id": registration.agent_id,
