@@ -64,7 +64,10 @@ class FileWork:
         self,
         storage: Storage,
         post: Callable[[Callable[[], None]], None],
+        start: bool = True,
     ) -> None:
+        """``start``: the threads start at once; else with `start` (work queued meanwhile
+        waits for them)."""
         self.storage = storage
         self._post = post
         self._writes: queue.SimpleQueue[Write] = queue.SimpleQueue()
@@ -74,6 +77,10 @@ class FileWork:
             threading.Thread(target=self._run, name=f"sparkpoint-files-{i}", daemon=True)
             for i in range(threads_for(storage))
         ]
+        if start:
+            self.start()
+
+    def start(self) -> None:
         for thread in self._threads:
             thread.start()
 

@@ -23,20 +23,21 @@ Threads. The jobs consumer (here), the acknowledgement reader (`acks.py`), the t
 writers (`writer.py`) and the file threads (`files.py`) run beside the asyncio loop, which runs
 the coordinators, the timers and the REST API and gets the threads' work as its own callbacks.
 What the service keeps per job is in `owned.py`.
+
+Acknowledgements, the cores' commands, ``_metadata`` and completion go through `pipeline.py`;
+publication through `publisher.py`; the timers are `timers.py`'s; refused events are counted by
+`rejections.py`; what the REST API asks is done by `operations.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import logging
 import posixpath
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,31 +45,23 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.checkpoint_store import newer
-from sparkpoint.common.clock import SystemClock, TimerQueue
+from sparkpoint.common.clock import SystemClock
 from sparkpoint.common.events import (
-    AcknowledgeCheckpoint,
-    AgentHeartbeat,
-    CancelJob,
     CheckpointEventType,
     CheckpointFailureReason,
     CheckpointLifecycleEvent,
     CheckpointOverrides,
     CheckpointSettings,
     CheckpointStoreRecord,
-    ConfigChange,
     CoordinatorAnnouncement,
-    DeclineCheckpoint,
     Event,
-    FailoverRequest,
     JobRegistered,
     JobStatus,
     JobStatusChanged,
     NotifyCheckpointAborted,
-    NotifyCheckpointComplete,
     RegistrationResponse,
     SavepointFormat,
     SnapshotType,
-    TriggerCheckpoint,
 )
 from sparkpoint.common.flink_ids import candidate_partitions, flink_job_id, is_flink_id
 from sparkpoint.common.kafka import (
@@ -83,9 +76,9 @@ from sparkpoint.common.kafka import (
     replay_topic,
     true_end_offset,
 )
-from sparkpoint.common.limits import LEASE_TIMEOUT_MS, MAX_TEXT, job_id_problem
+from sparkpoint.common.limits import LEASE_TIMEOUT_MS, job_id_problem
 from sparkpoint.common.metadata import BadMetadata, SnapshotMetadata
-from sparkpoint.common.settings import REST_FIELDS, CheckpointConfig, ConfigError, RecoveryConfig
+from sparkpoint.common.settings import CheckpointConfig, ConfigError, RecoveryConfig
 from sparkpoint.common.storage import CHECKPOINT_DIR, PathOutsideRoots, Storage
 from sparkpoint.common.topics import (
     ACKS,
@@ -106,36 +99,24 @@ from sparkpoint.coordinator.core.admission import (
 )
 from sparkpoint.coordinator.core.commands import (
     CancelTimer,
-    Command,
-    DiscardState,
-    FinalizeCheckpoint,
-    Publish,
-    RequestCompleted,
-    RequestFailed,
-    ScheduleTimer,
-    Timer,
 )
 from sparkpoint.coordinator.core.coordinator import CheckpointCoordinator, JobInfo
-from sparkpoint.coordinator.core.pending import AckResult
-from sparkpoint.coordinator.core.store import CompletedCheckpoint, Discard
+from sparkpoint.coordinator.core.store import CompletedCheckpoint
 from sparkpoint.coordinator.service.acks import AckReader
-from sparkpoint.coordinator.service.files import Delete, FileWork, Write
+from sparkpoint.coordinator.service.files import FileWork
 from sparkpoint.coordinator.service.memory_counter import InMemoryCheckpointIdCounter
+from sparkpoint.coordinator.service.operations import Operations, TriggerRequests
 from sparkpoint.coordinator.service.owned import (
-    DisposalRefused,
     JobHistory,
-    OwnedElsewhere,
     OwnedJob,
-    TriggerIdInUse,
     TriggerRequest,
-    UnknownJob,
-    UpdateInProgress,
 )
+from sparkpoint.coordinator.service.pipeline import CheckpointPipeline, CommandExecutor
+from sparkpoint.coordinator.service.publisher import Publisher
+from sparkpoint.coordinator.service.rejections import Rejections, skip_unexpected
+from sparkpoint.coordinator.service.timers import Timers
 from sparkpoint.coordinator.service.trace import StepTrace
 from sparkpoint.coordinator.service.writer import (
-    Done,
-    NotOwner,
-    OutcomeUnknown,
     PartitionWriter,
     Tombstone,
     TransactionTurns,
@@ -196,33 +177,44 @@ class CoordinatorService:
         self.clock = SystemClock()
         self.storage = Storage(settings.roots())
         self.jobs: dict[str, OwnedJob] = {}
-        self.requests: dict[str, TriggerRequest] = {}
         self.ended: dict[str, OwnedJob] = {}
         self.writers: dict[int, PartitionWriter] = {}
         self.turns = TransactionTurns(settings.transactions_in_flight)
         """Shared by this instance's partition writers: how many transactions are open at once."""
         self.epochs: dict[int, int] = {}
         self.malformed = 0
-        self.timers = TimerQueue()
-        self._timer_wakeup = asyncio.Event()
+        self.timers = Timers()
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._replayed_overrides: dict[str, CheckpointOverrides] = {}
-        self.durable: dict[str, CheckpointStoreRecord] = {}
-        """Every owned job's store record as it stands once what was submitted commits: replayed
-        on assignment, then updated with each record this instance writes."""
-        self.rejected: Counter[tuple[str, str]] = Counter()
-        """(topic, kind) -> events refused because they may not touch a running job."""
-        self._noted_agents: set[str] = set()
+        self.rejections = Rejections()
+        self.files = FileWork(self.storage, self._post, start=False)
+        """``_metadata`` writes and discards, on threads of their own (started by `run`)."""
+        self.publisher = Publisher(
+            lambda partition: self.writers.get(partition), self._partition_of, self._stop.is_set
+        )
+        self._requests = TriggerRequests()
+        self.executor = CommandExecutor(
+            self.publisher, self.timers, self.files, self.clock, self._requests.answer
+        )
+        self.pipeline = CheckpointPipeline(
+            self.jobs, self.executor, self.files, self.clock, self.rejections
+        )
+        self.executor.finalize = self.pipeline.finalize  # the one edge bound after building
+        self.operations = Operations(
+            self.jobs, self.ended, self._requests, self.storage, self.clock, self.publisher,
+            self.executor.execute, lambda job_id: self.owner_url(job_id),
+        )  # fmt: skip
         self._replaying: dict[int, ReplayedPartition] = {}
         self._replay_targets: dict[int, int] = {}
         """Partition -> end offset to replay to, for the jobs consumer thread."""
         self._replay_lock = threading.Lock()
+        pipeline = self.pipeline
         self.acks = AckReader(
             settings.bootstrap,
             f"{settings.instance_id}-acks",
             self.codec,
-            lambda records: self._post(lambda: self._on_acks(records)),
+            lambda records: self._post(lambda: pipeline.on_acks(records)),
             self._report_malformed,
             self._stop,
         )
@@ -233,8 +225,6 @@ class CoordinatorService:
         """For every partition, the newest announcement claiming it (read from the coordinators
         topic): where to redirect requests for jobs this instance does not own."""
         self._announcer: EventPublisher | None = None
-        self.files: FileWork
-        """``_metadata`` writes and discards, on threads of their own (started by `run`)."""
         self.partitions_lost = 0
         """Partitions taken from this instance while it ran (revoked, lost or fenced)."""
         self._trace: StepTrace | None = None
@@ -247,13 +237,27 @@ class CoordinatorService:
     @trace.setter
     def trace(self, trace: StepTrace | None) -> None:
         self._trace = trace
-        self.acks.trace = trace
+        self.acks.trace = self.pipeline.trace = self.executor.trace = trace
+
+    @property
+    def requests(self) -> dict[str, TriggerRequest]:
+        return self._requests.by_id
+
+    @property
+    def durable(self) -> dict[str, CheckpointStoreRecord]:
+        """Every owned job's store record as it stands once what was submitted commits."""
+        return self.publisher.durable
+
+    @property
+    def rejected(self) -> Counter[tuple[str, str]]:
+        """(topic, kind) -> events refused because they may not touch a running job."""
+        return self.rejections.counts
 
     # --- running ---------------------------------------------------------------------------------------
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.files = FileWork(self.storage, self._post)
+        self.files.start()
         self._announcer = EventPublisher(
             make_producer(self.settings.bootstrap, one_record_per_batch=True), self.codec
         )
@@ -266,7 +270,7 @@ class CoordinatorService:
         ]
         for thread in self._threads:
             thread.start()
-        timers = asyncio.create_task(self._run_timers())
+        timers = asyncio.create_task(self.timers.run(self.clock, self.pipeline.on_timer))
         try:
             while not self._stop.is_set():
                 await asyncio.sleep(STOP_CHECK_S)
@@ -367,8 +371,7 @@ class CoordinatorService:
             self.epochs.update(epochs)
             self._replayed_overrides.update(overrides)
             for partition in owned:
-                for job_id, record in stores.get(partition, {}).items():
-                    self.durable[job_id] = record
+                self.publisher.remember(stores.get(partition, {}))
                 if ends.get(partition, 0) > 0:
                     self._replaying[partition] = ReplayedPartition(ends[partition])
             self.acks.take(ack_starts)
@@ -435,8 +438,7 @@ class CoordinatorService:
                 if isinstance(command, CancelTimer):
                     self.timers.cancel(command.timer)
             log.info("job %s released (partition %d)", job_id, job.partition)
-        for job_id in [j for j in self.durable if self._partition_of(j) in partitions]:
-            del self.durable[job_id]  # the next owner replays what was committed
+        self.publisher.forget(partitions)  # the next owner replays what was committed
         for partition in partitions:
             writer = self.writers.pop(partition, None)
             if writer is not None:
@@ -581,7 +583,7 @@ class CoordinatorService:
         elif isinstance(event, JobStatusChanged):
             self._on_status(record, event)
         else:
-            _skip_unexpected(record)
+            skip_unexpected(record)
 
     def _finish_replay(self, partition: int) -> None:
         """The partition's history is read: take over its jobs as the previous owner left them
@@ -603,7 +605,7 @@ class CoordinatorService:
             history = [
                 r.event for r in kept if isinstance(r.event, JobRegistered | JobStatusChanged)
             ]
-            adoption = adopt(history, self.durable.get(job_id))
+            adoption = adopt(history, self.publisher.durable.get(job_id))
             if adoption is None:
                 continue
             job = self._start_job(adoption.registration, partition, adopted=True)
@@ -637,7 +639,7 @@ class CoordinatorService:
         )
         if problem is None:
             return True
-        self._reject(record, "registration", problem)
+        self.rejections.reject(record, "registration", problem)
         if job_id_problem(registration.job_id) is None and record.key == registration.job_id:
             self._respond(
                 registration.job_id,
@@ -659,10 +661,10 @@ class CoordinatorService:
             return
         if not admission.accepted:
             assert job is not None and admission.reason is not None
-            self._reject(record, "registration", admission.reason)
+            self.rejections.reject(record, "registration", admission.reason)
             self._respond(job.job_id, job.partition, registration, admission)
             # compaction keeps the newest record per job: make it the holder's again
-            self._publish(job, [job.registration])
+            self.publisher.publish(job, [job.registration])
             return
         self._start_job(registration, record.partition)
 
@@ -706,7 +708,7 @@ class CoordinatorService:
         if previous is not None:  # a restart: the job's statistics go on
             core.stats = previous.core.stats
         now = self.clock.now_ms()
-        durable = self.durable.get(job_id)
+        durable = self.publisher.durable.get(job_id)
         ended = self.ended.get(job_id)
         left_pending: list[Event] = []
         core.counter.set_count(self._next_id(registration, config, durable, previous, ended))
@@ -749,8 +751,8 @@ class CoordinatorService:
         )  # fmt: skip
         # the holder, durable in the same transaction as its acceptance
         answer = [] if adopted else [self._response(job, registration, ACCEPT)]
-        self._publish(job, [*left_pending, core.store_record(now), *answer])
-        self._execute(job, core.start(now))
+        self.publisher.publish(job, [*left_pending, core.store_record(now), *answer])
+        self.executor.execute(job, core.start(now))
         return job
 
     def _claim(
@@ -858,19 +860,7 @@ class CoordinatorService:
         self, job_id: str, partition: int, registration: JobRegistered, admission: Admission
     ) -> None:
         response = self._response(self.jobs.get(job_id), registration, admission)
-        self._publish_to(job_id, partition, [response])
-
-    def _reject(self, record: Received, kind: str, reason: str) -> None:
-        """An event that may not touch a running job: logged where it came from, counted."""
-        self.rejected[(record.topic.removeprefix(topic_prefix()), kind)] += 1
-        log.warning(
-            "%s at %s[%d]@%d rejected: %s",
-            kind,
-            record.topic,
-            record.partition,
-            record.offset,
-            reason,
-        )
+        self.publisher.publish_to(job_id, partition, [response])
 
     def _on_status(self, record: Received, event: JobStatusChanged) -> None:
         job = self.jobs.get(event.job_id)
@@ -885,35 +875,37 @@ class CoordinatorService:
             if (
                 job is not None or event.job_id not in self.ended
             ):  # a late word of an ended job is no news
-                self._reject(record, "status", problem)
+                self.rejections.reject(record, "status", problem)
             return
         assert job is not None
         now = self.clock.now_ms()
         job.last_seen_ms = now
         if event.exception_name is not None or event.status is JobStatus.RESTARTING:
             job.history.failed(event)
-            self._publish(job, [event])  # the audit topic keeps the job's failures
+            self.publisher.publish(job, [event])  # the audit topic keeps the job's failures
         if event.status is JobStatus.RESTARTING:
             # Flink stops checkpointing while a job restarts; the agent's next registration
             # (the next attempt) brings a fresh coordinator with the same stores and history
             job.status = JobStatus.RESTARTING
             job.history.restarts += 1
             job.history.record(JobStatus.RESTARTING, now)
-            self._execute(job, job.core.suspend(now))
+            self.executor.execute(job, job.core.suspend(now))
         elif event.status.is_terminal:
             self._end_job(event.job_id, event.status)
         elif event.end_of_input:
             # FLIP-147: bounded input ended; the final checkpoint goes now, not at the next tick
-            self._execute(job, job.core.trigger_checkpoint(self.clock.now_ms()))
+            self.executor.execute(job, job.core.trigger_checkpoint(self.clock.now_ms()))
         elif event.processing_backlog is not None:
-            self._execute(job, job.core.set_backlog(event.processing_backlog, self.clock.now_ms()))
+            self.executor.execute(
+                job, job.core.set_backlog(event.processing_backlog, self.clock.now_ms())
+            )
 
     def _on_tombstone(self, record: Received) -> None:
         """A tombstone on the jobs topic removes an ended job's record; a running job's agent
         ends its job with a status, never with a tombstone."""
         job_id = record.key or ""
         if job_id in self.jobs:
-            self._reject(
+            self.rejections.reject(
                 record, "tombstone", f"a tombstone for the running job {job_id} is ignored"
             )
             return
@@ -955,347 +947,21 @@ class CoordinatorService:
             if status
             else job.core.suspend(self.clock.now_ms())
         )
-        self._execute(job, commands)
+        self.executor.execute(job, commands)
         if status is not None:
             job.status = status
             job.history.record(status, self.clock.now_ms())
             self.ended[job_id] = job
             # what retention kept, and no overrides any more
-            self._publish(
+            self.publisher.publish(
                 job, [job.core.store_record(self.clock.now_ms()), Tombstone(CHECKPOINT_OVERRIDES)]
             )
             log.info("job %s ended: %s", job_id, status.name)
 
-    # --- acknowledgements ---------------------------------------------------------------------------
-
-    def _on_acks(self, records: Sequence[Received]) -> None:
-        now = self.clock.now_ms()
-        for record in records:
-            event = record.event
-            job = self.jobs.get(record.key or "")
-            if job is None:
-                log.info(
-                    "answer for a job this instance does not run (%s[%d]@%d) skipped",
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                )
-                continue
-            if not isinstance(event, AcknowledgeCheckpoint | DeclineCheckpoint | AgentHeartbeat):
-                _skip_unexpected(record)
-                continue
-            if event.job_id != job.job_id:
-                self._reject(
-                    record, _kind(event), f"job id {event.job_id!r} is not the record's key"
-                )
-                continue
-            problem = sender_problem(job.holder(), event.agent_id, event.attempt, _kind(event))
-            if problem is not None:
-                if isinstance(event, AgentHeartbeat):
-                    self._reject_heartbeat(record, event, problem)
-                else:
-                    self._reject(record, _kind(event), problem)
-                continue
-            job.last_seen_ms = now
-            if isinstance(event, AgentHeartbeat):
-                job.progress = event
-            elif isinstance(event, AcknowledgeCheckpoint):
-                if self.trace is not None:
-                    self.trace.mark(event.job_id, event.checkpoint_id, "last_ack_handled")
-                result, commands, reason = job.core.on_acknowledge(event, now)
-                if result is AckResult.REFUSED:
-                    self._reject(record, "acknowledgement", reason or "refused")
-                elif result is AckResult.DUPLICATE:
-                    log.info(
-                        "duplicate acknowledgement at %s[%d]@%d (checkpoint %d, %s)", record.topic,
-                        record.partition, record.offset, event.checkpoint_id, event.subtask_id,
-                    )  # fmt: skip
-                self._execute(job, commands)
-            elif isinstance(event, DeclineCheckpoint):
-                self._execute(job, job.core.on_decline(event, now))
-
-    def _reject_heartbeat(self, record: Received, event: AgentHeartbeat, problem: str) -> None:
-        """Heartbeats come every second: a superseded agent's are counted, and logged once."""
-        key = (record.topic.removeprefix(topic_prefix()), "heartbeat")
-        if event.agent_id not in self._noted_agents:
-            self._noted_agents.add(event.agent_id)
-            self._reject(record, "heartbeat", problem)
-        else:
-            self.rejected[key] += 1
-
-    # --- timers -------------------------------------------------------------------------------------------
-
-    async def _run_timers(self) -> None:
-        while True:
-            now = self.clock.now_ms()
-            while (popped := self.timers.pop_due(now)) is not None:
-                timer: Timer = popped[1]  # type: ignore[assignment]
-                job = self.jobs.get(timer.job_id)
-                if job is not None:
-                    try:
-                        self._execute(job, job.core.on_timer(timer, now))
-                    except Exception:
-                        log.exception("timer %s of job %s failed", timer.kind.value, timer.job_id)
-            due = self.timers.next_due_ms()
-            delay = 1.0 if due is None else max(0.0, (due - self.clock.now_ms()) / 1000)
-            self._timer_wakeup.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._timer_wakeup.wait(), timeout=min(delay, 1.0))
-
-    # --- carrying out commands -------------------------------------------------------------------------
-
-    def _execute(self, job: OwnedJob, commands: Sequence[Command]) -> None:
-        if not commands:
-            return
-        events: list[Event] = []
-        rearm = False
-        for command in commands:
-            if isinstance(command, Publish):
-                if isinstance(command.event, TriggerCheckpoint):
-                    events.append(
-                        job.core.store_record(self.clock.now_ms())
-                    )  # the id counter, durable first
-                events.append(command.event)
-                if isinstance(command.event, FailoverRequest):
-                    job.last_failover = command.event
-            elif isinstance(command, ScheduleTimer):
-                self.timers.schedule(command.timer, command.due_ms)
-                rearm = True
-            elif isinstance(command, CancelTimer):
-                self.timers.cancel(command.timer)
-            elif isinstance(command, FinalizeCheckpoint):
-                self._finalize(job, command)
-            elif isinstance(command, DiscardState):
-                self._discard(command)
-            elif isinstance(command, RequestCompleted | RequestFailed):
-                self._answer(command)
-        if rearm:
-            self._timer_wakeup.set()
-        if events:
-            self._publish(job, events, None if self.trace is None else self._traced(events))
-
-    def _traced(self, events: Sequence[Event]) -> Done:
-        """Marks a trigger or a completion decided now, and again when its transaction commits."""
-        trace = self.trace
-        assert trace is not None
-        marks: list[tuple[str, int, str]] = []
-        for event in events:
-            if isinstance(event, TriggerCheckpoint | NotifyCheckpointComplete):
-                decided, committed = (
-                    ("triggered", "trigger_committed")
-                    if isinstance(event, TriggerCheckpoint)
-                    else ("completed", "completion_committed")
-                )
-                trace.mark(event.job_id, event.checkpoint_id, decided)
-                marks.append((event.job_id, event.checkpoint_id, committed))
-
-        def done(error: Exception | None) -> None:
-            for job_id, checkpoint_id, step in marks:
-                trace.mark(job_id, checkpoint_id, step)
-
-        return done
-
-    def _publish(
-        self, job: OwnedJob, events: Sequence[Event | Tombstone], done: Done | None = None
-    ) -> None:
-        self._publish_to(job.job_id, job.partition, events, done)
-
-    def _publish_to(
-        self,
-        job_id: str,
-        partition: int,
-        events: Sequence[Event | Tombstone],
-        done: Done | None = None,
-    ) -> None:
-        """Hands one batch to the partition's writer; ``done`` hears (on the writer's thread)
-        how it ended, and failures are logged either way."""
-
-        def finished(error: Exception | None) -> None:
-            if error is not None:
-                self._log_failure(job_id, error)
-            if done is not None:
-                done(error)
-
-        writer = self.writers.get(partition)
-        if writer is None:
-            finished(NotOwner(f"partition {partition} is not owned"))
-            return
-        for event in events:
-            if isinstance(event, CheckpointStoreRecord):
-                # what the store holds once this commits; ids only grow, so a later read of the
-                # job's counter never sees less than what any trigger after it used
-                self.durable[job_id] = event
-        writer.submit(job_id, events, finished)
-
-    async def _published(self, job: OwnedJob, events: Sequence[Event | Tombstone]) -> None:
-        """Publishes and waits until the batch committed (raises why it did not)."""
-        future: Future[None] = Future()
-
-        def settle(error: Exception | None) -> None:
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
-
-        self._publish(job, events, settle)
-        await asyncio.wrap_future(future)
-
-    def _log_failure(self, job_id: str, error: Exception) -> None:
-        if isinstance(error, NotOwner) and self._stop.is_set():
-            # shutting down: the writers closed under work still on its way; the next owner
-            # replays what was committed and triggers afresh
-            log.debug("publishing for job %s after the writers closed: %s", job_id, error)
-        else:
-            log.warning("publishing for job %s failed: %s", job_id, error)
-
-    def _finalize(self, job: OwnedJob, command: FinalizeCheckpoint) -> None:
-        """Hands the ``_metadata`` write to the file threads; the checkpoint completes (or fails)
-        on the loop once it is written."""
-        path = f"{command.external_path}/_metadata"
-
-        def data() -> bytes:
-            return SnapshotMetadata.from_acknowledgements(
-                command.job_id, command.checkpoint_id, command.snapshot_type, command.trigger_ms,
-                command.acknowledgements, job.registration.parallelism,
-                job.registration.max_parallelism, command.format_type,
-            ).to_json(command.external_path)  # fmt: skip
-
-        def written(error: Exception | None) -> None:
-            if self.trace is not None and error is None:
-                self.trace.mark(command.job_id, command.checkpoint_id, "metadata_written")
-            if self.jobs.get(job.job_id) is not job:
-                return  # the job ended, restarted or moved meanwhile
-            now = self.clock.now_ms()
-            if error is not None:
-                log.error(
-                    "job %s checkpoint %d: writing %s failed: %s",
-                    command.job_id, command.checkpoint_id, path, error,
-                )  # fmt: skip
-                self._execute(
-                    job, job.core.on_finalize_failed(command.checkpoint_id, now, str(error))
-                )
-            elif command.checkpoint_id in job.core.pending:
-                self._execute(job, job.core.on_finalized(command.checkpoint_id, now))
-
-        self.files.write(Write(path, data, written))
-
-    def _discard(self, command: DiscardState) -> None:
-        def failed(exc: Exception) -> None:  # a failed discard leaves garbage, never breaks the job
-            log.warning(
-                "job %s: discarding checkpoint %d state failed: %s",
-                command.job_id,
-                command.discard.checkpoint_id,
-                exc,
-            )
-
-        self.files.delete(Delete(command.discard.files, command.discard.directory, failed))
-
-    def _answer(self, command: RequestCompleted | RequestFailed) -> None:
-        request = self.requests.get(command.request_id)
-        if request is None:
-            return
-        if isinstance(command, RequestCompleted):
-            request.status, request.checkpoint_id, request.location = (
-                "COMPLETED",
-                command.checkpoint_id,
-                command.external_path,
-            )
-        else:
-            request.status, request.failure = (
-                "COMPLETED",
-                f"{command.reason.name}: {command.message}",
-            )
-
-    # --- operations for the REST API (on the loop) ------------------------------------------------------
+    # --- operations for the REST API, on the loop (`operations`) ---------------------------------------
 
     def job(self, job_id: str) -> OwnedJob:
-        job = self.jobs.get(job_id)
-        if job is None:
-            raise UnknownJob(job_id)
-        return job
-
-    async def dispose_savepoint(self, path: str) -> TriggerRequest:
-        """``POST /savepoint-disposal``: checks that ``path`` is a completed savepoint inside the
-        storage roots that no job restores from (`DisposalRefused` otherwise, nothing deleted),
-        then deletes it. A savepoint of a job owned by another instance is that instance's to
-        dispose (`OwnedElsewhere`), so the job's record of its savepoints stays right."""
-        self.storage.check(path)  # PathOutsideRoots: refused
-        directory = path.removesuffix("/_metadata").rstrip("/")
-        try:
-            data = await asyncio.to_thread(self.storage.read, f"{directory}/_metadata")
-            metadata = SnapshotMetadata.from_json(data, directory)
-        except FileNotFoundError:
-            raise DisposalRefused(
-                f"{directory} has no _metadata: not a completed savepoint"
-            ) from None
-        except BadMetadata as exc:
-            raise DisposalRefused(str(exc)) from None
-        if not metadata.is_savepoint:
-            raise DisposalRefused(
-                f"{directory} is checkpoint {metadata.checkpoint_id} of job {metadata.job_id}, not a "
-                "savepoint: retention deletes checkpoints"
-            )
-        owner = self.owner_url(metadata.job_id)
-        if owner is not None:
-            raise OwnedElsewhere(metadata.job_id)
-        job = self.jobs.get(metadata.job_id) or self.ended.get(metadata.job_id)
-        for candidate in (*self.jobs.values(), *self.ended.values()):
-            held = candidate.core.in_use(directory)
-            if held is not None:
-                raise DisposalRefused(
-                    f"{directory} is retained checkpoint {held.checkpoint_id} of job "
-                    f"{candidate.job_id} (it claimed the savepoint): that job may restore from it"
-                )
-        request = TriggerRequest(
-            uuid.uuid4().hex, metadata.job_id, True, location=directory, disposal=True
-        )
-        self.requests[request.request_id] = request
-        if job is not None:
-            commands = job.core.dispose_savepoint(directory, "disposed on request")
-            self._publish(job, [job.core.store_record(self.clock.now_ms())])
-            discards = [c for c in commands if isinstance(c, DiscardState)]
-        else:
-            discards = [
-                DiscardState(
-                    metadata.job_id, Discard(metadata.checkpoint_id, (), directory, "disposed")
-                )
-            ]
-        try:
-            for discard in discards:
-                await asyncio.to_thread(
-                    self.storage.delete, discard.discard.files, discard.discard.directory
-                )
-            request.status = "COMPLETED"
-        except Exception as exc:
-            request.status, request.failure = "COMPLETED", f"deleting {directory} failed: {exc}"
-        log.info("savepoint %s of job %s disposed", directory, metadata.job_id)
-        return request
-
-    async def savepoints_of(self, job: OwnedJob) -> list[dict[str, Any]]:
-        """Every savepoint the job wrote, wherever, as its record says, and whether it is still
-        on storage."""
-        listed = []
-        for saved in job.core.savepoints:
-            try:
-                exists = await asyncio.to_thread(
-                    self.storage.exists, f"{saved.external_path}/_metadata"
-                )
-            except PathOutsideRoots:
-                exists = False
-            listed.append(
-                {
-                    "id": saved.checkpoint_id,
-                    "location": saved.external_path,
-                    "trigger_timestamp": saved.trigger_timestamp,
-                    "completed_timestamp": saved.completed_timestamp,
-                    "status": "DISPOSED" if saved.disposed else "COMPLETED",
-                    "state_size": saved.state_size_bytes,
-                    "format_type": saved.format_type,
-                    "kind": saved.kind,
-                    "exists": exists,
-                }
-            )
-        return listed
+        return self.operations.job(job_id)
 
     def trigger(
         self,
@@ -1308,137 +974,20 @@ class CoordinatorService:
         trigger_id: str | None = None,
         drain: bool = False,
     ) -> TriggerRequest:
-        """A manual checkpoint or savepoint. ``trigger_id``: the client's id for the operation
-        (Flink's ``triggerId``); a request that names one already known for this job and kind
-        is a retry and gets that operation back; for another job or kind, `TriggerIdInUse`."""
-        job = self.job(job_id)
-        if trigger_id is not None:
-            trigger_id = trigger_id.lower()
-            known = self.requests.get(trigger_id)
-            if known is not None:
-                if (known.job_id, known.savepoint, known.disposal) != (job_id, savepoint, False):
-                    raise TriggerIdInUse(trigger_id)
-                return known
-        if target_directory is not None:
-            self.storage.check(target_directory)
-        request = TriggerRequest(trigger_id or uuid.uuid4().hex, job_id, savepoint)
-        self.requests[request.request_id] = request
-        now = self.clock.now_ms()
-        if savepoint:
-            commands = job.core.trigger_savepoint(
-                now, request.request_id, target_directory, terminate, format_type, drain
-            )
-        else:
-            commands = job.core.trigger_checkpoint(now, request.request_id, full=full)
-        self._execute(job, commands)
-        return request
+        return self.operations.trigger(
+            job_id, savepoint, target_directory, terminate, full, format_type, trigger_id, drain
+        )
 
     async def cancel(self, job_id: str, principal: str) -> None:
-        """Flink's cancel: the job's agent ends it CANCELED at the end of its current round, as
-        Ctrl-C does, without a savepoint. Returns once the request is durable on the control
-        topic (the agent acts on it when it reads it); raises `UnknownJob` for a job not
-        running here. A job that already ended is left as it is."""
-        job = self.job(job_id)
-        registration = job.registration
-        event = CancelJob(
-            job_id,
-            job.core.owner_epoch,
-            self.clock.now_ms(),
-            principal[:MAX_TEXT],
-            registration.agent_id,
-            registration.attempt,
-        )
-        log.info("job %s: cancellation requested by %s", job_id, principal)
-        await self._published(job, [event])
+        await self.operations.cancel(job_id, principal)
 
     async def update_configuration(
         self, job_id: str, changes: CheckpointSettings, principal: str, request_id: str
     ) -> CheckpointConfig:
-        """FLIP-571: validate, persist (acknowledged), apply. The override and its change event
-        are one transaction: durable together or not at all. A change answered with an error
-        never takes effect later: when the outcome of the write is unknown, the previous
-        overrides are written again above it before the error goes out."""
-        job = self.job(job_id)
-        if job.updating:
-            raise UpdateInProgress(job_id)
-        job.updating = True
-        try:
-            current = job.core.config
-            new_config = current.with_overrides(changes)  # raises ConfigError: 400
-            previous = job.overrides
-            merged = _merge(previous.overrides if previous else CheckpointSettings(), changes)
-            version = (previous.version if previous else 0) + 1
-            now = self.clock.now_ms()
-            record = CheckpointOverrides(job_id, version, merged, request_id, now)
-            changed = [name for name, value in _rest_fields(changes).items() if value is not None]
-            change = ConfigChange(
-                job_id, request_id, principal, now, current.settings(), new_config.settings(),
-                changed, version,
-            )  # fmt: skip
-            try:
-                await self._published(job, [record, change])
-            except OutcomeUnknown:
-                await self._take_back(job, previous, version)
-                raise
-            live = self.jobs.get(job_id)
-            if live is None:
-                return new_config  # durable: the job's next owner applies it on takeover
-            if live is not job:  # the job restarted meanwhile: apply to its new coordinator
-                new_config = live.core.config.with_overrides(changes)
-                job = live
-            job.overrides = record
-            self._execute(job, job.core.apply_config(new_config, self.clock.now_ms()))
-            return new_config
-        finally:
-            job.updating = False
+        return await self.operations.update_configuration(job_id, changes, principal, request_id)
 
-    async def _take_back(
-        self, job: OwnedJob, previous: CheckpointOverrides | None, version: int
-    ) -> None:
-        """The write of override ``version`` may have gone through: the previous overrides are
-        written as ``version + 1``, so whichever owner replays the topic applies those."""
-        restored = CheckpointOverrides(
-            job.job_id, version + 1, previous.overrides if previous else CheckpointSettings(),
-            f"revert-{version}", self.clock.now_ms(),
-        )  # fmt: skip
-        try:
-            await self._published(job, [restored])
-        except Exception as exc:
-            log.error(
-                "job %s: override %d may be durable and could not be taken back (%s); "
-                "check GET .../checkpoints/config after the next takeover",
-                job.job_id, version, exc,
-            )  # fmt: skip
-            return
-        job.overrides = restored
+    async def dispose_savepoint(self, path: str) -> TriggerRequest:
+        return await self.operations.dispose_savepoint(path)
 
-
-def _kind(event: AcknowledgeCheckpoint | DeclineCheckpoint | AgentHeartbeat) -> str:
-    if isinstance(event, AcknowledgeCheckpoint):
-        return "acknowledgement"
-    return "decline" if isinstance(event, DeclineCheckpoint) else "heartbeat"
-
-
-def _skip_unexpected(record: Received) -> None:
-    log.warning(
-        "unexpected %s on %s[%d]@%d skipped",
-        type(record.event).__name__,
-        record.topic,
-        record.partition,
-        record.offset,
-    )
-
-
-def _rest_fields(settings: CheckpointSettings) -> dict[str, Any]:
-    return {rest: getattr(settings, field) for rest, field in REST_FIELDS.items()}
-
-
-def _merge(base: CheckpointSettings, changes: CheckpointSettings) -> CheckpointSettings:
-    return dataclasses.replace(
-        base,
-        **{
-            f.name: getattr(changes, f.name)
-            for f in dataclasses.fields(changes)
-            if getattr(changes, f.name) is not None
-        },
-    )
+    async def savepoints_of(self, job: OwnedJob) -> list[dict[str, Any]]:
+        return await self.operations.savepoints_of(job)

@@ -9,7 +9,7 @@ checkpoints, agent, status) are carried over unchanged.
 
 The coordinator service keeps the same contract with one write less: it publishes the advanced
 count in the same transaction as the trigger that uses the id, so no agent ever sees an id that
-is not durable (see `sparkpoint.coordinator.service.instance`).
+is not durable (see `sparkpoint.coordinator.service.pipeline.CommandExecutor`).
 """
 
 from __future__ import annotations

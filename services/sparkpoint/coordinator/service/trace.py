@@ -5,7 +5,7 @@ step.
 
 Steps, in the order a checkpoint passes them (names are the keys of `CheckpointTrace.at`):
 
-1. ``triggered``: the job's coordinator decided to trigger (its ``_execute``);
+1. ``triggered``: the job's coordinator decided to trigger (``CommandExecutor.execute``);
 2. ``trigger_committed``: the transaction with the id counter and the trigger committed;
 3. ``last_ack_received``: the acknowledgement reader took the last subtask's answer off the
    broker (its thread);
