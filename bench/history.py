@@ -1,6 +1,6 @@
 """The history service on 100,000 audit events: time to fold them from the topics, and time from
 a restart (SIGKILL, then a new process) to serving every job's history again, recovered from the
-table's changelog. Goal (issue 13): restart to serving in under 5 s.
+table's changelog. Goal: restart to serving in under 5 s.
 
 The events are what coordinators write for 20 jobs: registrations, checkpoint lifecycles
 (TRIGGERED, COMPLETED or now and then FAILED, SUBSUMED), configuration changes. They are written

@@ -16,7 +16,7 @@ alignment (the wait for the barrier; 0 when unaligned at once), the synchronous 
 asynchronous part (state copies and the channel-state write), and acknowledgement to completion
 (delivery, the coordinator's ``_metadata`` write, its completion record).
 
-Goals (issue 10): unaligned p50 <= 50 ms and p99 <= 200 ms, at least 20x faster than aligned in
+Goals: unaligned p50 <= 50 ms and p99 <= 200 ms, at least 20x faster than aligned in
 the same run, throughput within 10% of aligned; the demo shape with unaligned p50 <= 200 ms.
 
 ``--seconds N`` sets each throttled run's length (default 90).

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException
 
@@ -422,7 +422,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (
+        add_broker_commands, add_coordinator_command, add_history_command, add_agent_command,
+        add_generate_command, add_job_commands, add_config_command, add_audit_command,
+        add_demo_command,
+    ):  # fmt: skip
+        add(commands)
+    return parser
 
+
+def add_broker_commands(commands: Any) -> None:
+    """``broker`` and ``topics create``."""
     broker = commands.add_parser(
         "broker", help="run the embedded Kafka-protocol broker in the foreground"
     )
@@ -439,6 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.set_defaults(run=cmd_topics_create)
 
+
+def add_coordinator_command(commands: Any) -> None:
+    """``coordinator``."""
     coordinator = commands.add_parser("coordinator", help="run a coordinator instance")
     add_bootstrap(coordinator)
     coordinator.add_argument("--rest-host", default="127.0.0.1")
@@ -474,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     coordinator.set_defaults(run=cmd_coordinator)
 
+
+def add_history_command(commands: Any) -> None:
+    """``history``."""
     history = commands.add_parser(
         "history", help="run the history service: every job's history, kept across failovers"
     )
@@ -491,6 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     history.set_defaults(run=cmd_history)
 
+
+def add_agent_command(commands: Any) -> None:
+    """``agent``."""
     agent = commands.add_parser(
         "agent", help="run the agent of a job (module:attribute, a .py file, or `example`)"
     )
@@ -541,6 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agent.set_defaults(run=cmd_agent)
 
+
+def add_generate_command(commands: Any) -> None:
+    """``generate``."""
     generate = commands.add_parser("generate", help="write the example job's input events")
     add_bootstrap(generate)
     generate.add_argument(
@@ -552,19 +574,26 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=7)
     generate.set_defaults(run=cmd_generate)
 
-    def rest_command(name: str, help_text: str) -> argparse.ArgumentParser:
-        command = commands.add_parser(name, help=help_text)
-        command.add_argument(
-            "--rest",
-            help="coordinator REST address (default: $SPARKPOINT_REST, else http://127.0.0.1:8081)",
-        )
-        return command
 
-    rest_command("jobs", "list jobs with their status").set_defaults(run=cmd_jobs)
-    cancel = rest_command("cancel", "cancel a job (as flink cancel): it ends CANCELED")
+def rest_command(commands: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    """A command that talks to a coordinator's REST API (``--rest``)."""
+    command: argparse.ArgumentParser = commands.add_parser(name, help=help_text)
+    command.add_argument(
+        "--rest",
+        help="coordinator REST address (default: $SPARKPOINT_REST, else http://127.0.0.1:8081)",
+    )
+    return command
+
+
+def add_job_commands(commands: Any) -> None:
+    """The commands that operate a job through REST."""
+    rest_command(commands, "jobs", "list jobs with their status").set_defaults(run=cmd_jobs)
+    cancel = rest_command(commands, "cancel", "cancel a job (as flink cancel): it ends CANCELED")
     cancel.add_argument("job")
     cancel.set_defaults(run=cmd_cancel)
-    checkpoints = rest_command("checkpoints", "history and summary of a job's checkpoints")
+    checkpoints = rest_command(
+        commands, "checkpoints", "history and summary of a job's checkpoints"
+    )
     checkpoints.add_argument("job")
     checkpoints.set_defaults(run=cmd_checkpoints)
     for name, help_text, handler in (
@@ -572,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("savepoint", "trigger a savepoint, wait, print its path", cmd_savepoint),
         ("stop", "stop the job with a savepoint, print its path", cmd_stop),
     ):
-        command = rest_command(name, help_text)
+        command = rest_command(commands, name, help_text)
         command.add_argument("job", nargs="?" if name == "savepoint" else None)
         if name == "savepoint":
             command.add_argument("target_dir", nargs="?", metavar="TARGET_DIR")
@@ -593,8 +622,12 @@ def build_parser() -> argparse.ArgumentParser:
             "--timeout", type=float, default=600.0, help="seconds to wait (default 600)"
         )
         command.set_defaults(run=handler)
+
+
+def add_config_command(commands: Any) -> None:
+    """``config``: show or change a job's checkpoint configuration."""
     config = rest_command(
-        "config", "show, or with options change, a job's checkpoint configuration"
+        commands, "config", "show, or with options change, a job's checkpoint configuration"
     )
     config.add_argument("job")
     for name, (rest, kind) in CONFIG_OPTIONS.items():
@@ -607,6 +640,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
     config.set_defaults(run=cmd_config)
 
+
+def add_audit_command(commands: Any) -> None:
+    """``audit``."""
     audit = commands.add_parser(
         "audit", help="replay the audit topics: config changes, checkpoint fates"
     )
@@ -630,6 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.set_defaults(run=cmd_audit)
 
+
+def add_demo_command(commands: Any) -> None:
+    """``demo``."""
     demo = commands.add_parser("demo", help="what `make run` runs: everything embedded")
     add_bootstrap(demo)
     demo.add_argument("--partitions", type=positive_int, default=DEFAULT_PARTITIONS)
@@ -652,7 +691,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead of the pipeline: a scripted exchange of every event type",
     )
     demo.set_defaults(run=cmd_demo)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -305,81 +305,23 @@ def run_pipeline(
 ) -> None:
     """Coordinator, generator and agent as processes; follows the checkpoints over REST.
     ``flink_web_ui``: the coordinator also serves Flink's dashboard from it, at /flink/."""
-    from sparkpoint.agent.example import OUTPUT_TOPIC, example_job
+    from sparkpoint.agent.example import OUTPUT_TOPIC
 
     if not port_is_free(rest_port):
         rest_port = free_port()
     root = DEMO_DIR.resolve()
     shutil.rmtree(root, ignore_errors=True)  # the broker is new and empty: so is the demo's state
     root.mkdir(parents=True)
-    checkpoints, savepoints = root / "checkpoints", root / "savepoints"
-    config = root / "coordinator.yaml"
-    config.write_text(
-        f"execution.checkpointing.dir: {checkpoints}\nexecution.checkpointing.savepoint-dir: {savepoints}\n"
-    )
-    url = f"http://127.0.0.1:{rest_port}"
-    history_port = rest_port + 1 if port_is_free(rest_port + 1) else free_port()
-    history_url = f"http://127.0.0.1:{history_port}"
-    cli = [sys.executable, "-m", "sparkpoint.cli", "-v"]
-    job = example_job()
-    processes: list[tuple[str, subprocess.Popen[bytes]]] = []
-
-    def start(name: str, *args: str) -> None:
-        with open(root / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
-            process = subprocess.Popen([*cli, *args], stdout=log, stderr=subprocess.STDOUT)
-        processes.append((name, process))
-
+    demo = DemoProcesses(root, bootstrap, rest_port, say)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        start("history", "history", "--bootstrap", bootstrap, "--rest-port", str(history_port))
-        start(
-            "coordinator",
-            "coordinator",
-            "--bootstrap",
-            bootstrap,
-            "--rest-port",
-            str(rest_port),
-            "--config",
-            str(config),
-            "--history-url",
-            history_url,
-            *(["--flink-web-ui", str(flink_web_ui)] if flink_web_ui is not None else []),
-        )
-        start("generator", "generate", "--bootstrap", bootstrap, "--rate", str(GENERATOR_RATE))
-        start(
-            "agent",
-            "agent",
-            "example",
-            "--bootstrap",
-            bootstrap,
-            "--checkpoint-dir",
-            str(checkpoints),
-        )
-        say(f"coordinator: {url}  (dashboard: {url}/ , REST: {url}/jobs)")
-        if flink_web_ui is not None:
-            say(f"Flink's web dashboard: {url}/flink/")
-        say(f"history: {history_url}/  (every job's checkpoints, configuration changes and "
-            "savepoints, kept across restarts and failovers)")  # fmt: skip
-        say(f"generator: {GENERATOR_RATE} payments/s to topic payments")
-        say(
-            f"agent: job {job.id} (Flink JobID {flink_job_id(job.id)}) on Spark local[*], "
-            f"checkpoints every 3 s under {checkpoints}"
-        )
-        say(f"logs: {root}/{{coordinator,history,generator,agent}}.log")
-        say(
-            f"try: sparkpoint checkpoints {job.id} --rest {url}   |   sparkpoint savepoint {job.id} --rest {url}"
-        )
-        say("waiting for Spark to start (10-20 s); Ctrl-C to stop")
-        follow = Follow(url, job.id, bootstrap, say)
+        demo.start(flink_web_ui)
+        follow = Follow(demo.url, demo.job_id, bootstrap, say)
         deadline = time.monotonic() + ONCE_WITHIN_S
         while not stop.is_set():
-            for name, process in processes:
-                if process.poll() is not None:
-                    raise RuntimeError(
-                        f"the {name} exited ({process.returncode}); see {root}/{name}.log"
-                    )
+            demo.check()
             follow.step()
             if once and follow.completed >= CHECKPOINTS_TO_SHOW and follow.committed_records():
                 say(f"output committed: {follow.committed} records in {OUTPUT_TOPIC}")
@@ -393,15 +335,79 @@ def run_pipeline(
             stop.wait(1.0)
         say("stopping")
     finally:
-        for _, process in reversed(processes):
+        demo.stop()
+
+
+class DemoProcesses:
+    """The demo's history service, coordinator, generator and agent, each a process as a user
+    would start it, logging under ``root``."""
+
+    def __init__(self, root: Path, bootstrap: str, rest_port: int, say: Say) -> None:
+        self.root, self.bootstrap, self.say = root, bootstrap, say
+        self.url = f"http://127.0.0.1:{rest_port}"
+        self.rest_port = rest_port
+        history_port = rest_port + 1 if port_is_free(rest_port + 1) else free_port()
+        self.history_port = history_port
+        self.history_url = f"http://127.0.0.1:{history_port}"
+        from sparkpoint.agent.example import example_job
+
+        self.job_id = example_job().id
+        self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def _start(self, name: str, *args: str) -> None:
+        cli = [sys.executable, "-m", "sparkpoint.cli", "-v"]
+        with open(self.root / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
+            process = subprocess.Popen([*cli, *args], stdout=log, stderr=subprocess.STDOUT)
+        self.processes.append((name, process))
+
+    def start(self, flink_web_ui: Path | None) -> None:
+        root, bootstrap, say, url = self.root, self.bootstrap, self.say, self.url
+        checkpoints, savepoints = root / "checkpoints", root / "savepoints"
+        config = root / "coordinator.yaml"
+        config.write_text(
+            f"execution.checkpointing.dir: {checkpoints}\nexecution.checkpointing.savepoint-dir: {savepoints}\n"
+        )
+        web_ui = ["--flink-web-ui", str(flink_web_ui)] if flink_web_ui is not None else []
+        self._start("history", "history", "--bootstrap", bootstrap, "--rest-port", str(self.history_port))  # fmt: skip
+        self._start(
+            "coordinator", "coordinator", "--bootstrap", bootstrap, "--rest-port",
+            str(self.rest_port), "--config", str(config), "--history-url", self.history_url,
+            *web_ui,
+        )  # fmt: skip
+        self._start("generator", "generate", "--bootstrap", bootstrap, "--rate", str(GENERATOR_RATE))  # fmt: skip
+        self._start("agent", "agent", "example", "--bootstrap", bootstrap, "--checkpoint-dir", str(checkpoints))  # fmt: skip
+        say(f"coordinator: {url}  (dashboard: {url}/ , REST: {url}/jobs)")
+        if flink_web_ui is not None:
+            say(f"Flink's web dashboard: {url}/flink/")
+        say(f"history: {self.history_url}/  (every job's checkpoints, configuration changes and "
+            "savepoints, kept across restarts and failovers)")  # fmt: skip
+        say(f"generator: {GENERATOR_RATE} payments/s to topic payments")
+        job = self.job_id
+        say(
+            f"agent: job {job} (Flink JobID {flink_job_id(job)}) on Spark local[*], "
+            f"checkpoints every 3 s under {checkpoints}"
+        )
+        say(f"logs: {root}/{{coordinator,history,generator,agent}}.log")
+        say(f"try: sparkpoint checkpoints {job} --rest {url}   |   sparkpoint savepoint {job} --rest {url}")  # fmt: skip
+        say("waiting for Spark to start (10-20 s); Ctrl-C to stop")
+
+    def check(self) -> None:
+        for name, process in self.processes:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"the {name} exited ({process.returncode}); see {self.root}/{name}.log"
+                )
+
+    def stop(self) -> None:
+        for _, process in reversed(self.processes):
             if process.poll() is None:
                 process.send_signal(signal.SIGINT)
         deadline = time.monotonic() + 30
-        for name, process in reversed(processes):
+        for name, process in reversed(self.processes):
             try:
                 process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                say(f"the {name} did not stop in time; killed")
+                self.say(f"the {name} did not stop in time; killed")
                 process.kill()
 
 

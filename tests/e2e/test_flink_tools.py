@@ -1,4 +1,4 @@
-"""Flink's own tools drive sparkpoint (issue 18): the real Flink 2.3 CLI from the `apache-flink`
+"""Flink's own tools drive sparkpoint: the real Flink 2.3 CLI from the `apache-flink`
 package lists, savepoints, disposes, stops with a savepoint and cancels the example job's agent
 (on the session's Spark) through the coordinator's REST; the job restarts from the CLI's
 savepoint; Flink's web dashboard, served by the coordinator, loads every page in headless

@@ -62,7 +62,7 @@ def test_the_wheel_holds_one_top_level_package_sparkpoint_with_its_schemas(wheel
         wheel.name.split("-py3")[0] + ".dist-info",
     }
     assert "sparkpoint/schemas/AgentHeartbeat.avsc" in names
-    assert "sparkpoint/agent/spark_pools.xml" in names
+    assert "sparkpoint/agent/spark/spark_pools.xml" in names
 
 
 def test_installed_it_adds_only_sparkpoint_and_imports_with_the_job_api(

@@ -20,7 +20,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from sparkpoint.agent.options import check_during_recovery
 from sparkpoint.agent.recovery import channel_state
+from sparkpoint.agent.recovery.filter_jobs import FilterJob
 from sparkpoint.agent.recovery.split import (
     ChannelRecovery,
     FilterResult,
@@ -30,7 +32,6 @@ from sparkpoint.agent.recovery.split import (
 )
 from sparkpoint.agent.rounds.channels import Channel, Segment
 from sparkpoint.agent.rounds.stages import KEY_GROUP_COLUMN, from_ipc, to_ipc
-from sparkpoint.agent.runtime import FilterJob, check_during_recovery
 from sparkpoint.agent.state.backend import write_file
 from sparkpoint.common.keygroups import key_group_range, key_groups
 from sparkpoint.common.settings import CheckpointConfig, ConfigError

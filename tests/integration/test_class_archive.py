@@ -12,15 +12,14 @@ from typing import Any
 
 import pytest
 
-from sparkpoint.agent.spark.class_archive import (
+from sparkpoint.agent.spark.archive import (
     ARCHIVE_ENV,
     DEFAULT_ARCHIVE,
     DRIVER_JAVA_OPTIONS,
-    ROOT,
     archive_path,
-    verify,
     with_archive,
 )
+from sparkpoint.agent.spark.class_archive import ROOT, verify
 
 
 @pytest.mark.spark

@@ -1,4 +1,4 @@
-"""What Flink's own tools need of the REST API (issue 18), against a live coordinator: JobIDs,
+"""What Flink's own tools need of the REST API, against a live coordinator: JobIDs,
 ``/v1/`` paths, cancel, the dashboard's files and requests, forwarding for Flink's clients, and
 every Flink-shaped answer carrying the fields a real Flink 2.3 answers with (the samples in
 tests/data/flink-2.3/, recorded by tests/compat/record_flink_samples.py)."""

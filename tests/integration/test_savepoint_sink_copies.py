@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkpoint.agent.checkpointing.snapshots import SubtaskCheckpointing
+from sparkpoint.agent.checkpointing.copies import self_contained
 from sparkpoint.agent.sinks import outputs_digest
 
 
@@ -23,9 +23,8 @@ def test_an_epoch_whose_files_the_committer_deleted_is_left_out_for_every_subtas
         3: [(0, str(staged / "e3-s0.arrow")), (1, str(staged / "e3-s1.arrow"))],
     }
     target = tmp_path / "savepoint"
-    agent = object.__new__(SubtaskCheckpointing)
 
-    kept = agent._self_contained(epochs, str(target))
+    kept = self_contained(epochs, str(target))
 
     assert list(kept) == [3], "epoch 2 was published: no subtask names part of it"
     assert kept[3] == [(0, "sink/e3-s0.arrow"), (1, "sink/e3-s1.arrow")]

@@ -1,40 +1,84 @@
-"""The barrier policy (aligned, unaligned at once, aligned then unaligned after the timeout) and
-the assignment of channel state to the subtasks of a new parallelism. Pure logic, fake times."""
+"""Barrier handling as explicit states (aligned, unaligned at once, aligned then unaligned after
+the timeout) and the assignment of channel state to the subtasks of a new parallelism. Pure
+logic, fake times."""
 
 from __future__ import annotations
 
-from sparkpoint.agent.checkpointing.barriers import BarrierPolicy, Decision
+from dataclasses import dataclass, field
+
+from sparkpoint.agent.checkpointing.barriers import Aligning, Snapshotted, first_state
 from sparkpoint.agent.recovery.channel_state import ChannelStateFile, assign
+from sparkpoint.common.events import SnapshotType, TriggerCheckpoint
 from sparkpoint.common.keygroups import key_group_range
 
 
+@dataclass
+class Control:
+    """A `BarrierControl` whose alignment the test sets, recording the snapshots asked for."""
+
+    is_aligned: bool = False
+    snapshots: list[tuple[int, bool]] = field(default_factory=list)
+
+    def aligned(self, checkpoint_id: int) -> bool:
+        return self.is_aligned
+
+    def snapshot(self, checkpoint_id: int, unaligned: bool) -> None:
+        self.snapshots.append((checkpoint_id, unaligned))
+
+
+def trigger(
+    unaligned: bool, timeout_ms: int | None, savepoint: bool = False, checkpoint_id: int = 7
+) -> TriggerCheckpoint:
+    kind = SnapshotType.SAVEPOINT if savepoint else SnapshotType.CHECKPOINT
+    return TriggerCheckpoint(
+        "job", 1, checkpoint_id, 0, kind, not savepoint, unaligned, "chk-7",
+        aligned_checkpoint_timeout_ms=timeout_ms,
+    )  # fmt: skip
+
+
 def test_aligned_checkpoints_wait_for_alignment_however_long() -> None:
-    policy = BarrierPolicy.for_trigger(False, 0, False, received_ms=1_000)
-    assert not policy.at_once
-    assert policy.decide(aligned=False, now_ms=1_000_000) is Decision.WAIT
-    assert policy.decide(aligned=True, now_ms=1_001) is Decision.ALIGNED
-    assert policy.due_in_ms(1_000) is None
+    control = Control()
+    state = first_state(trigger(False, 0), 1_000, control)
+    assert state == Aligning(7) and control.snapshots == []
+    assert state.on_round(control, 1_000_000) is state
+    control.is_aligned = True
+    assert state.on_round(control, 1_001) == Snapshotted(7)
+    assert control.snapshots == [(7, False)]
 
 
 def test_unaligned_with_timeout_zero_snapshots_at_once() -> None:
-    policy = BarrierPolicy.for_trigger(True, 0, False, received_ms=1_000)
-    assert policy.at_once
-    assert policy.decide(aligned=False, now_ms=1_000) is Decision.UNALIGNED
+    control = Control()
+    assert first_state(trigger(True, 0), 1_000, control) == Snapshotted(7)
+    assert control.snapshots == [(7, True)]
 
 
 def test_the_aligned_timeout_switches_to_unaligned_only_when_it_runs_out() -> None:
-    policy = BarrierPolicy.for_trigger(True, 500, False, received_ms=1_000)
-    assert not policy.at_once
-    assert policy.decide(aligned=False, now_ms=1_499) is Decision.WAIT
-    assert policy.due_in_ms(1_200) == 300
-    assert policy.decide(aligned=True, now_ms=1_499) is Decision.ALIGNED
-    assert policy.decide(aligned=False, now_ms=1_500) is Decision.UNALIGNED
+    control = Control()
+    state = first_state(trigger(True, 500), 1_000, control)
+    assert state == Aligning(7, 1_500) and control.snapshots == []
+    assert state.on_round(control, 1_499) is state
+    assert state.on_round(control, 1_500) == Snapshotted(7)
+    assert control.snapshots == [(7, True)]
+
+
+def test_aligned_before_the_timeout_snapshots_aligned() -> None:
+    control = Control(is_aligned=True)
+    state = first_state(trigger(True, 500), 1_000, control)
+    assert state.on_round(control, 1_499) == Snapshotted(7)
+    assert control.snapshots == [(7, False)]
+
+
+def test_a_snapshotted_checkpoint_ignores_later_rounds() -> None:
+    control = Control(is_aligned=True)
+    assert Snapshotted(7).on_round(control, 10**9) == Snapshotted(7)
+    assert control.snapshots == []
 
 
 def test_savepoints_stay_aligned_even_with_unaligned_enabled() -> None:
-    policy = BarrierPolicy.for_trigger(True, 0, True, received_ms=0)
-    assert not policy.at_once
-    assert policy.decide(aligned=False, now_ms=10**9) is Decision.WAIT
+    control = Control()
+    state = first_state(trigger(True, 0, savepoint=True), 0, control)
+    assert state == Aligning(7) and state.on_round(control, 10**9) is state
+    assert control.snapshots == []
 
 
 def files_of(old_subtask: int, groups: tuple[int, int], count: int) -> list[ChannelStateFile]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
-from sparkpoint.agent.checkpointing.snapshots import Copy, split_done
+from sparkpoint.agent.checkpointing.pending import Copy, split_done
 
 
 class FinishesWhileLookedAt(Future[Any]):

@@ -339,10 +339,8 @@ class Job:
 def load_job(spec: str) -> Job:
     """A job from ``module:attribute``, a file path (``path.py`` or ``path.py:attribute``), or the
     reserved name ``example``. The attribute may be a `Job` or a function returning one."""
-    if spec == "example":
-        from sparkpoint.agent.example import example_job
-
-        return example_job()
+    if spec == "example":  # the bundled example job, loaded by name as any other job is
+        spec = "sparkpoint.agent.example:example_job"
     target, _, attribute = spec.partition(":")
     if target.endswith(".py") or Path(target).is_file():
         path = Path(target)

@@ -19,7 +19,7 @@ from fsspec.core import url_to_fs
 from sparkpoint.agent.recovery.channel_state import ChannelStateFile, read_manifest
 from sparkpoint.agent.state.backend import read_file
 from sparkpoint.common.events import CheckpointStoreRecord, StateHandleKind
-from sparkpoint.common.metadata import BadMetadata, SnapshotMetadata
+from sparkpoint.common.metadata import BadMetadata, Handle, SnapshotMetadata
 from sparkpoint.common.storage import CHECKPOINT_DIR
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,31 @@ def load(
     files inside it are found relative to it. A snapshot taken with another max parallelism is
     refused (key groups are numbered modulo the max parallelism)."""
     directory = path[: -len("/_metadata")] if path.endswith("/_metadata") else path.rstrip("/")
+    metadata = read_metadata(directory, job_id, max_parallelism)
+    restored = Restored(
+        metadata.checkpoint_id, directory, metadata.is_savepoint, files=metadata.files()
+    )
+    shared_prefix = posixpath.join(checkpoint_dir.rstrip("/"), job_id, "shared") + "/"
+    all_shared = True
+    for subtask in metadata.subtasks:
+        for handle in subtask.handles:
+            all_shared &= take_handle(restored, subtask.subtask_id, handle, shared_prefix)
+    restored.shared = bool(restored.key_groups) and all_shared and not restored.is_savepoint
+    missing = missing_files({p for p, _ in restored.key_groups.values()})
+    missing += missing_files({f.path for f in restored.channel_state})
+    if missing:
+        raise NoCheckpoint(
+            f"{directory} references {len(missing)} state files that no longer exist "
+            f"(e.g. {missing[0]}): it cannot be restored"
+        )
+    for outputs in restored.epochs.values():
+        outputs.sort()
+    return restored
+
+
+def read_metadata(directory: str, job_id: str, max_parallelism: int | None) -> SnapshotMetadata:
+    """A snapshot's ``_metadata``, refused when it is missing, unreadable, or of another max
+    parallelism."""
     try:
         data = read_file(f"{directory}/_metadata")
     except FileNotFoundError as exc:
@@ -109,44 +134,33 @@ def load(
             f"{max_parallelism}: its key groups would land on other keys. Restore it with "
             f"max_parallelism={metadata.max_parallelism}"
         )
-    restored = Restored(
-        metadata.checkpoint_id, directory, metadata.is_savepoint, files=metadata.files()
-    )
-    shared_prefix = posixpath.join(checkpoint_dir.rstrip("/"), job_id, "shared") + "/"
-    all_shared = True
-    for subtask in metadata.subtasks:
-        for handle in subtask.handles:
-            if handle.kind is StateHandleKind.KEYED_STATE and handle.key_groups is not None:
-                start, end = handle.key_groups
-                for group in range(start, end + 1):
-                    restored.key_groups[group] = (handle.path, handle.size)
-                all_shared &= handle.path.startswith(shared_prefix)
-            elif handle.kind is StateHandleKind.SOURCE_POSITIONS:
-                positions, ended = source_snapshot(json.loads(read_file(handle.path)))
-                restored.end_of_input |= ended
-                for topic, offsets in positions.items():
-                    for partition, offset in offsets.items():
-                        restored.positions[(topic, int(partition))] = int(offset)
-            elif handle.kind is StateHandleKind.CHANNEL_STATE and handle.path.endswith(".json"):
-                old_subtask = int(subtask.subtask_id.rsplit("-", 1)[-1])
-                restored.channel_state += read_manifest(handle.path, old_subtask)
-            elif handle.kind is StateHandleKind.SINK_EPOCH:
-                manifest = json.loads(read_file(handle.path))
-                for epoch, outputs in manifest.items():
-                    restored.epochs.setdefault(int(epoch), []).extend(
-                        resolve(output, directory) for output in outputs
-                    )
-    restored.shared = bool(restored.key_groups) and all_shared and not restored.is_savepoint
-    missing = missing_files({p for p, _ in restored.key_groups.values()})
-    missing += missing_files({f.path for f in restored.channel_state})
-    if missing:
-        raise NoCheckpoint(
-            f"{directory} references {len(missing)} state files that no longer exist "
-            f"(e.g. {missing[0]}): it cannot be restored"
-        )
-    for outputs in restored.epochs.values():
-        outputs.sort()
-    return restored
+    return metadata
+
+
+def take_handle(restored: Restored, subtask_id: str, handle: Handle, shared_prefix: str) -> bool:
+    """Adds what one state handle holds to ``restored``; false when it is key-group state that
+    is not one of the job's shared incremental files."""
+    if handle.kind is StateHandleKind.KEYED_STATE and handle.key_groups is not None:
+        start, end = handle.key_groups
+        for group in range(start, end + 1):
+            restored.key_groups[group] = (handle.path, handle.size)
+        return handle.path.startswith(shared_prefix)
+    if handle.kind is StateHandleKind.SOURCE_POSITIONS:
+        positions, ended = source_snapshot(json.loads(read_file(handle.path)))
+        restored.end_of_input |= ended
+        for topic, offsets in positions.items():
+            for partition, offset in offsets.items():
+                restored.positions[(topic, int(partition))] = int(offset)
+    elif handle.kind is StateHandleKind.CHANNEL_STATE and handle.path.endswith(".json"):
+        old_subtask = int(subtask_id.rsplit("-", 1)[-1])
+        restored.channel_state += read_manifest(handle.path, old_subtask)
+    elif handle.kind is StateHandleKind.SINK_EPOCH:
+        manifest = json.loads(read_file(handle.path))
+        for epoch, outputs in manifest.items():
+            restored.epochs.setdefault(int(epoch), []).extend(
+                resolve(output, restored.external_path) for output in outputs
+            )
+    return True
 
 
 def missing_files(paths: set[str]) -> list[str]:
@@ -222,6 +236,14 @@ def resolve_latest(
             "job %s: no checkpoint of it ever completed; starting from the beginning", job_id
         )
         return None
+    discarded(record, job_id, allow_fresh_start)
+    return None
+
+
+def discarded(record: CheckpointStoreRecord, job_id: str, allow_fresh_start: bool) -> None:
+    """The job's checkpoints completed once and none is retained (its end discarded them):
+    starting over would emit the whole input again, so it is refused unless
+    ``allow_fresh_start``."""
     status = record.job_status or "ended"
     retention = record.externalized_retention or "unknown"
     message = (
@@ -232,9 +254,8 @@ def resolve_latest(
         "input again), add --allow-fresh-start; to keep the final checkpoint of later runs, set "
         "the retention to RETAIN_ON_CANCELLATION"
     )
-    if allow_fresh_start:
-        log.warning(
-            "%s; starting from the beginning (--allow-fresh-start)", message.split(". Nothing")[0]
-        )
-        return None
-    raise NoCheckpoint(message)
+    if not allow_fresh_start:
+        raise NoCheckpoint(message)
+    log.warning(
+        "%s; starting from the beginning (--allow-fresh-start)", message.split(". Nothing")[0]
+    )

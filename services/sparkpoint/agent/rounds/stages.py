@@ -542,28 +542,12 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
         outputs.append(user_code(function.process, records, state))
     if task.end_of_input and any(len(series) for series in state.frames().values()):
         outputs.append(user_code(function.on_end_of_input, state))
-    new_versions: dict[int, int] = {}
     batch = WriteBatch()
-    if state.changed:
-        owners = key_owners(loaded, keys, groups)
-        split = {
-            name: split_state(name, series, owners)
-            for name, series in state.frames().items()
-            if name in state.changed
-        }
-        for group in sorted(had.union(*split.values())):
-            before = loaded.get(group)
-            frames_of_group = {
-                name: split[name].get(group, empty_series(descriptor))
-                if name in split
-                else (before or {}).get(name, empty_series(descriptor))
-                for name, descriptor in declared.items()
-            }
-            if before is None and not any(len(f) for f in frames_of_group.values()):
-                continue  # no state before, none now: nothing to keep
-            data = encode_state(frames_of_group)
-            batch.add(working_path(task.state_dir, group, task.version), data, frames_of_group)
-            new_versions[group] = len(data)
+    new_versions = (
+        write_states(task, batch, state, loaded, key_owners(loaded, keys, groups), had)
+        if state.changed
+        else {}
+    )
     emitted = [out for out in outputs if out is not None and len(out)]
     rows = sum(len(out) for out in emitted)
     output_path = None
@@ -576,6 +560,40 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
         # checkpoint that counts the round's input as processed
         task.emit(pd.concat(emitted, ignore_index=True))
     return ProcessResult(task.subtask, new_versions, output_path, rows)
+
+
+def write_states(
+    task: ProcessTask,
+    batch: WriteBatch,
+    state: KeyedState,
+    loaded: dict[int, dict[str, pd.Series]],
+    owners: pd.Series,
+    had: set[int],
+) -> dict[int, int]:
+    """The state the function changed, split back per key group (``owners``: each key's key
+    group) and written as each key group's new version; returns the key groups written and the
+    size of each new file."""
+    declared = state.declared
+    split = {
+        name: split_state(name, series, owners)
+        for name, series in state.frames().items()
+        if name in state.changed
+    }
+    new_versions: dict[int, int] = {}
+    for group in sorted(had.union(*split.values())):
+        before = loaded.get(group)
+        frames_of_group = {
+            name: split[name].get(group, empty_series(descriptor))
+            if name in split
+            else (before or {}).get(name, empty_series(descriptor))
+            for name, descriptor in declared.items()
+        }
+        if before is None and not any(len(f) for f in frames_of_group.values()):
+            continue  # no state before, none now: nothing to keep
+        data = encode_state(frames_of_group)
+        batch.add(working_path(task.state_dir, group, task.version), data, frames_of_group)
+        new_versions[group] = len(data)
+    return new_versions
 
 
 @dataclass

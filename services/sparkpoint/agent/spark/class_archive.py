@@ -31,44 +31,16 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-ARCHIVE_ENV = "SPARKPOINT_SPARK_CLASS_ARCHIVE"
-"""The archive's path, ``off`` for none; unset: ``DEFAULT_ARCHIVE``."""
-
-DEFAULT_ARCHIVE = Path(sys.prefix) / "share" / "sparkpoint" / "spark-driver.jsa"
-"""Beside the environment that holds pyspark: its jars are the class path the archive matches."""
-
-DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+from sparkpoint.agent.spark.archive import ARCHIVE_ENV, DRIVER_JAVA_OPTIONS, archive_path
 
 ROOT = Path(__file__).resolve().parents[3]
 """The directory holding the ``sparkpoint`` package, for the process ``verify`` starts."""
 
 DUMP_TIMEOUT_S = 300.0
 """How long the JVM may take to write the archive once it exits (about 190 MB here)."""
-
-
-def archive_path(environ: Mapping[str, str] = os.environ) -> Path | None:
-    """Where the archive is, or None when it is turned off."""
-    configured = environ.get(ARCHIVE_ENV)
-    if configured is None:
-        return DEFAULT_ARCHIVE
-    if configured.strip().lower() in ("", "off"):
-        return None
-    return Path(configured).expanduser()
-
-
-def with_archive(settings: Mapping[str, str], archive: Path | None) -> dict[str, str]:
-    """``settings`` with the driver's Java options mapping ``archive``, when it is a file; the
-    caller's own driver Java options come first and stay."""
-    chosen = dict(settings)
-    if archive is None or not archive.is_file():
-        return chosen
-    own = chosen.get(DRIVER_JAVA_OPTIONS, "").strip()
-    chosen[DRIVER_JAVA_OPTIONS] = f"{own} -XX:SharedArchiveFile={archive}".strip()
-    return chosen
 
 
 def build(archive: Path, master: str = "local[2]") -> int:
@@ -107,7 +79,7 @@ def build(archive: Path, master: str = "local[2]") -> int:
 VERIFY = """
 import sys
 from pathlib import Path
-from sparkpoint.agent.spark.class_archive import with_archive
+from sparkpoint.agent.spark.archive import with_archive
 from sparkpoint.agent.spark.session import QUIET_DEFAULTS, start_session
 settings = with_archive(QUIET_DEFAULTS, Path(sys.argv[2]))
 session = start_session("sparkpoint-class-archive-check", sys.argv[1], settings)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sparkpoint.agent.spark.class_archive import (
+from sparkpoint.agent.spark.archive import (
     ARCHIVE_ENV,
     DRIVER_JAVA_OPTIONS,
     archive_path,

@@ -1,0 +1,224 @@
+"""One attempt of the job: the parts a restart replaces (channels, restored channel state, the
+state backend, the source reader, the sink's epochs, the subtask checkpointer), made by
+`AttemptMaker`; and what starting one involves that is not the agent's lifecycle: which
+snapshot it restores and what it takes over of it (`restored_snapshot`), and the working files
+of earlier runs it removes once accepted (`clean_task_owned`)."""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from fsspec.core import url_to_fs
+
+from sparkpoint.agent.checkpointing.acks import Acknowledgements
+from sparkpoint.agent.checkpointing.snapshots import (
+    AttemptParts,
+    JobShape,
+    Outcomes,
+    SubtaskCheckpointer,
+)
+from sparkpoint.agent.control.progress import Progress
+from sparkpoint.agent.job import FileSource, Job
+from sparkpoint.agent.options import AgentOptions, Places
+from sparkpoint.agent.recovery.filter_jobs import adopt
+from sparkpoint.agent.recovery.restore import Restored, load, resolve_latest
+from sparkpoint.agent.recovery.split import ChannelRecovery
+from sparkpoint.agent.rounds.channels import Channel, Segment, SegmentFiles
+from sparkpoint.agent.sinks import EpochCommitter, SinkWriter
+from sparkpoint.agent.sinks.ledger import EpochLedger
+from sparkpoint.agent.sources.files import FileSourceReader
+from sparkpoint.agent.sources.kafka import KafkaSourceReader
+from sparkpoint.agent.state.backend import StateBackend
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.checkpoint_store import latest_store_record
+from sparkpoint.common.events import JobRegistered, JobStatus, Subtask
+from sparkpoint.common.kafka import EventPublisher
+from sparkpoint.common.keygroups import KeyGroupRange
+from sparkpoint.common.settings import CheckpointConfig, RecoveryConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Attempt:
+    number: int
+    parts: AttemptParts
+    acks: Acknowledgements
+    checkpointer: SubtaskCheckpointer
+    restored: Restored | None
+
+    @property
+    def finished_before(self) -> bool:
+        """Restored from the final checkpoint of a bounded job: nothing is left to do."""
+        return self.restored is not None and self.restored.end_of_input
+
+    def close_source(self) -> None:
+        try:
+            self.parts.source.close()
+        except Exception as exc:  # closing after a failure: report, go on closing
+            log.warning("closing the source: %s", exc)
+
+
+@dataclass
+class AttemptMaker:
+    """Makes the parts of each attempt, from what stays across attempts."""
+
+    job: Job
+    options: AgentOptions
+    config: CheckpointConfig
+    recovery: RecoveryConfig
+    places: Places
+    ranges: list[KeyGroupRange]
+    subtasks: int
+    publisher: EventPublisher
+    agent_id: str
+    copier: ThreadPoolExecutor
+    segment_files: SegmentFiles
+    outcomes: Outcomes
+    progress: Progress
+    taken: Callable[[], dict[int, list[Segment]]]
+    """The segments the stage-2 round in flight took (`Rounds.taken`)."""
+    attempt: Callable[[], int]
+    """The attempt the coordinator accepted."""
+    source_ends: dict[tuple[str, int], int]
+    """A bounded Kafka source's end offsets, kept across restarts in this process."""
+
+    def make(
+        self, number: int, restored: Restored | None, sink: SinkWriter, committer: EpochCommitter
+    ) -> Attempt:
+        """The parts of attempt ``number``, restored where ``restored`` says."""
+        parallelism = len(self.ranges)
+        channels = [Channel(i, self.options.capacity_bytes) for i in range(parallelism)]
+        backend = StateBackend(self.places.state_dir)
+        source = self._source_reader()
+        restoring = ChannelRecovery()
+        if restored is not None:
+            self._check_positions(restored, source)
+            backend.restore(restored.key_groups, restored.shared)
+        source.start(restored.positions if restored else None)
+        self.progress.start(source.positions)
+        self.progress.seen_ends(source.ends.items())
+        if restored is not None and restored.channel_state:
+            restoring = adopt(
+                self.job.id, restored, self.recovery.without_channel_state_checkpoint_id,
+                self.ranges, channels, self.places.channel_dir,
+                self.config.unaligned_during_recovery, self.options.capacity_bytes,
+            )  # fmt: skip
+        ledger = EpochLedger(self.job.id, sink, committer)
+        parts = AttemptParts(channels, restoring, backend, source, ledger)
+        acks = Acknowledgements(
+            self.publisher, self.job.id, self.agent_id, self.attempt, self.subtasks,
+            self.outcomes.declined,
+        )  # fmt: skip
+        shape = JobShape(
+            self.job.id, self.ranges, self.config, self.places.shared_dir, self.places.channel_dir
+        )
+        checkpointer = SubtaskCheckpointer(
+            shape, parts, acks, self.copier, self.segment_files, self.outcomes, self.taken,
+            restored.checkpoint_id if restored else 0,
+        )  # fmt: skip
+        return Attempt(number, parts, acks, checkpointer, restored)
+
+    def _source_reader(self) -> KafkaSourceReader | FileSourceReader:
+        source = self.job.source
+        if isinstance(source, FileSource):
+            return FileSourceReader(source, len(self.ranges))
+        return KafkaSourceReader(
+            source, self.options.bootstrap, len(self.ranges), ends=self.source_ends
+        )
+
+    def _check_positions(
+        self, restored: Restored, source: KafkaSourceReader | FileSourceReader
+    ) -> None:
+        unknown = {t for t, _ in restored.positions} - set(source.names)
+        if unknown and not (
+            self.options.allow_non_restored_state or self.recovery.ignore_unclaimed_state
+        ):
+            raise ValueError(
+                f"the snapshot has positions of topics {sorted(unknown)} that the job does not read; "
+                "pass --allow-non-restored-state to drop them"
+            )
+
+
+def restored_snapshot(
+    restore: str,
+    job_id: str,
+    places: Places,
+    options: AgentOptions,
+    recovery: RecoveryConfig,
+    codec: EventCodec,
+    max_parallelism: int,
+    own: bool,
+) -> Restored | None:
+    """The snapshot to restore. ``latest`` is the job's own (as a failover restores it); an
+    explicit path follows the claim mode: only CLAIM (or ``own``: the job's own latest or the
+    snapshot it started from) lets the job build on its files."""
+    if restore == "latest":
+        record = latest_store_record(options.bootstrap, codec, job_id)
+        found = resolve_latest(record, places.checkpoint_dir, job_id, options.allow_fresh_start)
+        if found is None:
+            return None
+        path, own = found, True
+    else:
+        path = restore
+    log.info("job %s: restoring from %s", job_id, path)
+    restored = load(path, job_id, places.checkpoint_dir, max_parallelism)
+    # NO_CLAIM: the first checkpoint copies every key group, the snapshot stays untouched
+    restored.shared &= own or recovery.claims
+    return restored
+
+
+def clean_task_owned(places: Places, options: AgentOptions, job_id: str) -> None:
+    """Working state, staged output and segment files of earlier runs of the job (other
+    agents, all gone: this one was accepted): nothing restored points at them any more."""
+    fs, root = url_to_fs(places.taskowned_dir)
+    if fs.exists(root):
+        for entry in fs.ls(root, detail=False):
+            if posixpath.basename(str(entry).rstrip("/")) != places.run_name:
+                fs.rm(entry, recursive=True)
+    for directory in (places.state_dir, places.sink_dir):  # this agent's own, after a restart
+        # a task of the failed attempt may still be writing here (cancelled jobs' Python
+        # workers end a moment later): what it leaves has a round number never used again
+        remove_tree(directory)
+    if options.channel_dir:  # segments of the job's earlier runs under a shared root
+        fs, root = url_to_fs(options.channel_dir)
+        mine = posixpath.basename(url_to_fs(places.channel_dir)[1])
+        for entry in fs.ls(root, detail=False) if fs.exists(root) else []:
+            name = posixpath.basename(str(entry).rstrip("/"))
+            if name.startswith(f"{job_id}-agent-") and name != mine:
+                fs.rm(entry, recursive=True)
+
+
+def remove_tree(url: str) -> None:
+    """Deletes a directory (local path or URL) that may not exist."""
+    try:
+        fs, root = url_to_fs(url)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+    except OSError as exc:
+        log.warning("could not remove %s: %s", url, exc)
+
+
+def registration(
+    job: Job,
+    agent_id: str,
+    attempt: int,
+    ranges: list[KeyGroupRange],
+    settings: dict[str, str],
+    restored: Restored | None,
+    timestamp: int,
+) -> JobRegistered:
+    """Attempt ``attempt``'s registration: its subtasks (a source and a keyed one per key-group
+    range), its settings, and the snapshot it restored."""
+    subtasks = [Subtask(f"source-{i}", i, r.start, r.end) for i, r in enumerate(ranges)]
+    subtasks += [Subtask(f"keyed-{i}", i, r.start, r.end) for i, r in enumerate(ranges)]
+    return JobRegistered(
+        job.id, job.name, agent_id, attempt, JobStatus.RUNNING, len(ranges), job.max_parallelism,
+        subtasks, dict(settings), timestamp,
+        restored.checkpoint_id if restored else None,
+        restored.external_path if restored else None,
+    )  # fmt: skip

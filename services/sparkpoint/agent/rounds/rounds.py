@@ -1,0 +1,281 @@
+"""The job's rounds: stage 1 (read the sources, map, key groups, segments into the channels) and
+stage 2 (the keyed function over the channels' segments and the key groups' state), each a
+Spark job on a thread of its own, one of each in flight at a time, overlapping. The loop plans
+and collects them; a collected round's outcome goes back to the loop, which hands it on (a
+round never touches checkpoints or the sink's epochs).
+
+- Stage 1 plans each source partition up to the end it has now, within the source's bounds per
+  round (the source reader's `plan`), and runs a task per source subtask; none is planned while
+  a channel is full (backpressure) or restored channel state waits to enter the channels.
+- Stage 2 takes each channel's segments up to its oldest barrier (at most
+  ``max_rows_per_round`` rows) and runs a task per subtask with work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkpoint.agent.control.progress import Progress
+from sparkpoint.agent.formats import ValueFormat
+from sparkpoint.agent.job import KafkaSource, KeyedFunction, MapFunction, Source
+from sparkpoint.agent.rounds.channels import Channel, Segment, SegmentFiles
+from sparkpoint.agent.rounds.stages import (
+    FetchResult,
+    FetchTask,
+    ProcessResult,
+    ProcessTask,
+    UserCodeFailure,
+    fetch_and_partition,
+    guarded,
+    output_file,
+    process_subtask,
+    unless_user_failed,
+)
+from sparkpoint.agent.sinks import Emit
+from sparkpoint.agent.sources.files import FileSourceReader
+from sparkpoint.agent.sources.kafka import KafkaSourceReader
+from sparkpoint.agent.spark.jobs import SparkJobs
+from sparkpoint.agent.state.backend import StateBackend, Version, working_path
+from sparkpoint.common.keygroups import KeyGroupRange
+
+log = logging.getLogger(__name__)
+
+Reader = KafkaSourceReader | FileSourceReader
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """What every round of the job is made of."""
+
+    job_id: str
+    bootstrap: str
+    source: Source
+    value_format: ValueFormat
+    map_function: MapFunction
+    keyed_function: KeyedFunction
+    key: str
+    max_parallelism: int
+    ranges: list[KeyGroupRange]
+    channel_dir: str
+    state_dir: str
+    sink_dir: str
+    max_rows_per_round: int
+
+    @property
+    def parallelism(self) -> int:
+        return len(self.ranges)
+
+
+@dataclass
+class Processed:
+    """What a collected stage-2 round did: for the loop to hand on."""
+
+    outputs: list[tuple[int, str]] = field(default_factory=list)
+    """(subtask, staged output file) of an exactly-once sink."""
+    bytes_per_subtask: dict[int, int] = field(default_factory=dict)
+    """Bytes of segments each subtask consumed."""
+
+
+class Rounds:
+    def __init__(self, settings: RoundSettings, jobs: SparkJobs, progress: Progress) -> None:
+        self.settings = settings
+        self.jobs = jobs
+        self.progress = progress
+        self.stage1 = ThreadPoolExecutor(1, thread_name_prefix="stage-1")
+        self.stage2 = ThreadPoolExecutor(1, thread_name_prefix="stage-2")
+        self.fetching: Future[list[FetchResult]] | None = None
+        self.processing: Future[list[ProcessResult]] | None = None
+        self.round: tuple[int, dict[int, list[Segment]]] | None = None
+        """The stage-2 round in flight: its version and the segments it took, per subtask."""
+        self.fetches = 0
+        self.rounds = 0
+        """Stage-2 rounds so far: numbers state versions and staged output files."""
+        self.input_bytes = 0
+        """Bytes of the records stage 1 read (values), over every attempt."""
+        self.processed_rows = 0
+        """Rows stage 2 processed, over every attempt."""
+
+    def in_flight(self) -> list[Future[Any]]:
+        return [f for f in (self.fetching, self.processing) if f is not None]
+
+    def taken(self) -> dict[int, list[Segment]]:
+        """The segments the stage-2 round in flight took, per subtask."""
+        return self.round[1] if self.round is not None else {}
+
+    # --- stage 1 ---------------------------------------------------------------------------------
+
+    def start_fetch(self, source: Reader, channels: list[Channel], held: bool) -> None:
+        """Plans the next stage-1 round and submits it; none while one is in flight, while a
+        channel is full (backpressure) or while ``held`` (restored channel state goes first)."""
+        if self.fetching is not None:
+            return
+        full = any(c.full for c in channels)
+        self.progress.held(full)
+        if full or held:
+            return
+        planned = source.plan()
+        self.progress.seen_ends(source.highs.items())
+        if not planned:
+            return
+        self.fetches += 1
+        settings = self.settings
+        max_duration_s = (
+            settings.source.max_duration_ms / 1000
+            if isinstance(settings.source, KafkaSource)
+            else 0.0
+        )
+        by_subtask: dict[int, list[FetchTask]] = {}
+        for (topic, partition), read in planned.items():
+            by_subtask.setdefault(source.owner((topic, partition)), []).append(
+                FetchTask(
+                    settings.bootstrap, topic, partition, source.positions[(topic, partition)],
+                    source.ends.get((topic, partition)), read.max_records, settings.key,
+                    settings.max_parallelism, settings.parallelism, settings.source.format,
+                    settings.channel_dir, self.fetches, settings.value_format, read.until,
+                    max_duration_s,
+                )
+            )  # fmt: skip
+        self.fetching = self.stage1.submit(self._fetch, list(by_subtask.values()))
+
+    def _fetch(self, tasks: list[list[FetchTask]]) -> list[FetchResult]:
+        """One Spark task per source subtask, reading the partitions it owns."""
+        map_function = self.settings.map_function
+        partitions = sum(len(t) for t in tasks)
+        results: list[list[FetchResult] | UserCodeFailure] = self.jobs.run(
+            "stage1", f"{self.settings.job_id} stage 1: {partitions} partitions", tasks,
+            lambda t: guarded(fetch_and_partition, t, map_function), timed="stage1",
+        )  # fmt: skip
+        return [r for each in unless_user_failed(results) for r in each]
+
+    def collect_fetch(self, wait: bool, source: Reader, channels: list[Channel]) -> int:
+        """Applies a finished stage-1 round: its segments join the channels (behind any barrier
+        placed meanwhile: they belong to the next epoch) and the source positions advance.
+        Returns the records it read (0 too when none was finished)."""
+        fetching = self.fetching
+        if fetching is None or (not wait and not fetching.done()):
+            return 0
+        self.fetching = None
+        fetched = 0
+        for result in fetching.result():  # a failure of stage 1 fails the job here
+            for offset, reason in result.malformed:
+                log.warning(
+                    "malformed record skipped: %s[%d]@%d: %s",
+                    result.topic, result.partition, offset, reason,
+                )  # fmt: skip
+            partition = (result.topic, result.partition)
+            started_at = source.positions[partition]
+            for subtask, name, rows, size in result.segments:
+                channels[subtask].append(name, rows, size, partition, started_at)
+            source.positions[partition] = result.next_offset
+            source.capped[partition] = result.capped
+            self.progress.read(partition, result.next_offset, result.records)
+            fetched += result.records
+            self.input_bytes += result.bytes_read
+        return fetched
+
+    # --- stage 2 ---------------------------------------------------------------------------------
+
+    def start_process(
+        self,
+        channels: list[Channel],
+        backend: StateBackend,
+        emit: Emit | None,
+        end_of_input: bool = False,
+    ) -> bool:
+        """Plans the next stage-2 round and submits it (one in flight at a time); at the end of
+        a bounded input, every subtask runs once more (its end-of-input hook)."""
+        if self.processing is not None:
+            return False
+        max_rows = self.settings.max_rows_per_round
+        taken = {i: c.take(max_rows) for i, c in enumerate(channels)}
+        work = [i for i, segments in taken.items() if segments]
+        if end_of_input:
+            work = list(range(self.settings.parallelism))
+        if not work:
+            return False
+        self.rounds += 1
+        tasks = [self._process_task(i, taken[i], backend, emit, end_of_input) for i in work]
+        self.round = (self.rounds, taken)
+        self.processing = self.stage2.submit(self._process, tasks)
+        return True
+
+    def _process_task(
+        self, subtask: int, segments: list[Segment], backend: StateBackend, emit: Emit | None,
+        end_of_input: bool,
+    ) -> ProcessTask:  # fmt: skip
+        settings = self.settings
+        versions: dict[int, int | str] = {
+            g: v.version if v.owned else v.path
+            for g, v in backend.versions.items()
+            if g in settings.ranges[subtask]
+        }
+        return ProcessTask(
+            subtask, settings.channel_dir, [s.path for s in segments], versions,
+            settings.state_dir, self.rounds, output_file(settings.sink_dir, self.rounds, subtask),
+            end_of_input, [s.key_groups for s in segments], settings.key, emit,
+        )  # fmt: skip
+
+    def _process(self, tasks: list[ProcessTask]) -> list[ProcessResult]:
+        function = self.settings.keyed_function
+        results: list[ProcessResult | UserCodeFailure] = self.jobs.run(
+            "stage2", f"{self.settings.job_id} stage 2: {len(tasks)} subtasks", tasks,
+            lambda t: guarded(process_subtask, t, function), timed="stage2",
+        )  # fmt: skip
+        return unless_user_failed(results)
+
+    def collect_process(
+        self,
+        wait: bool,
+        channels: list[Channel],
+        backend: StateBackend,
+        segment_files: SegmentFiles,
+    ) -> Processed | None:
+        """Applies a finished stage-2 round: new state versions, consumed segments; returns its
+        staged output and the bytes each subtask consumed (None when none was finished). A
+        snapshot taken while the round ran holds the state before it and the round's segments
+        as channel state, so its output belongs after it."""
+        processing = self.processing
+        if processing is None or (not wait and not processing.done()):
+            return None
+        assert self.round is not None
+        version, taken = self.round
+        self.processing = None
+        self.round = None
+        done = Processed()
+        for result in processing.result():  # a failure of stage 2 fails the job here
+            for group, size in result.new_versions.items():
+                path = working_path(self.settings.state_dir, group, version)
+                backend.install(group, Version(path, size, version))
+            segment_files.discard(channels[result.subtask].consumed(taken[result.subtask]))
+            done.bytes_per_subtask[result.subtask] = sum(s.size for s in taken[result.subtask])
+            if result.output_path is not None:
+                done.outputs.append((result.subtask, result.output_path))
+            self.progress.emitted(result.output_rows)
+        self.processed_rows += sum(s.rows for segments in taken.values() for s in segments)
+        return done
+
+    # --- the end of an attempt -----------------------------------------------------------------------
+
+    def settle(self, wait_s: float, others: Sequence[Future[Any]] = ()) -> None:
+        """After a failure: the rounds in flight (and ``others``: splits of restored channel
+        state) get ``wait_s`` to finish (their results are dropped), then what still runs is
+        cancelled (a cancelled Spark task takes its Python worker with it, and the restarted
+        job's first round would pay for new workers)."""
+        running = [*self.in_flight(), *others]
+        _, unfinished = wait(running, wait_s)
+        if unfinished:
+            self.jobs.cancel_open()
+        for future in running:
+            with contextlib.suppress(Exception):
+                future.result()
+        self.fetching = self.processing = None
+        self.round = None
+
+    def shutdown(self) -> None:
+        self.stage1.shutdown(wait=True)
+        self.stage2.shutdown(wait=True)

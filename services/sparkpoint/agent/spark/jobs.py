@@ -1,0 +1,96 @@
+"""The agent's Spark jobs: one session, started on first use (or handed in: tests and benchmarks
+share theirs), and every job the agent runs on it, each tagged in a job group of its own (what
+the driver ships to tasks and gets back is counted: `traffic`) and in one of the scheduler pools
+of spark_pools.xml: ``stage1``, ``stage2``, ``recovery``, ``sink``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from sparkpoint.agent.spark.traffic import DriverTraffic
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class SparkJobs:
+    def __init__(
+        self,
+        app_name: str,
+        master: str,
+        settings: Mapping[str, str],
+        spark: Any = None,
+    ) -> None:
+        self.app_name = app_name
+        self.master = master
+        self.settings = dict(settings)
+        self._session = spark
+        self.traffic = DriverTraffic()
+        self.stage_seconds: dict[str, float] = {"stage1": 0.0, "stage2": 0.0}
+        """Wall time inside stage-1 and stage-2 Spark jobs (they overlap)."""
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def session(self) -> Any:
+        if self._session is None:
+            from sparkpoint.agent.spark.session import spark_session
+
+            self._session = spark_session(self.app_name, self.master, self.settings)
+        return self._session
+
+    @property
+    def context(self) -> Any:
+        return self.session().sparkContext
+
+    def warm_up(self, parallelism: int) -> None:
+        """Starts Spark and its Python workers: a session takes 10 s or more to its first
+        result, and nothing that follows should wait for that."""
+        sc = self.context
+        sc.setJobDescription("warm-up")
+        sc.parallelize(range(parallelism), parallelism).map(lambda x: x).collect()
+
+    def run(
+        self,
+        pool: str,
+        description: str,
+        tasks: list[T],
+        work: Callable[[T], R],
+        timed: str | None = None,
+    ) -> list[R]:
+        """Runs ``work`` over ``tasks`` as one Spark job (a task each) in the scheduler pool
+        ``pool``; ``timed``: the stage whose wall time it adds to."""
+        sc = self.context
+        sc.setLocalProperty("spark.scheduler.pool", pool)
+        self.traffic.start_job(sc, description, tasks)
+        started = time.monotonic()
+        results: list[R] = sc.parallelize(tasks, len(tasks)).map(work).collect()
+        if timed is not None:
+            self.stage_seconds[timed] += time.monotonic() - started
+        return results
+
+    def cancel_open(self) -> None:
+        """Cancels the jobs still running (a failed attempt's rounds, a split being redone)."""
+        if self._session is not None:
+            with contextlib.suppress(Exception):
+                self.traffic.cancel_open(self._session.sparkContext)
+
+    def report_traffic(self, job_id: str, input_bytes: int) -> None:
+        """Logs the bytes the driver shipped to and got from tasks per input byte."""
+        if self._session is None or not input_bytes:
+            return
+        with contextlib.suppress(Exception):  # a figure, not worth failing a close for
+            self.traffic.settle(self._session.sparkContext, wait_s=2.0)
+            log.info(
+                "job %s: %d input bytes; the driver shipped %d bytes to tasks and got %d "
+                "back (%.4f per input byte)",
+                job_id, input_bytes, self.traffic.to_tasks, self.traffic.from_tasks,
+                self.traffic.total / input_bytes,
+            )  # fmt: skip
