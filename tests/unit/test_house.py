@@ -1,8 +1,9 @@
-"""The house rules, read from the source with ``ast``: in the agent and the coordinator no class
-is over 400 lines and no function over 60 (a class or function is counted from its first
-decorator to its last line, docstrings included); no module of sparkpoint imports, directly or
-through others, a module that imports it back (at any depth, imports inside functions and
-under ``TYPE_CHECKING`` included); every package says what it is in its docstring."""
+"""The house rules, read from the source with ``ast``: in the agent, the coordinator and the
+command line no class is over 400 lines and no function over 60 (a class or function is counted
+from its first decorator to its last line, docstrings included); no module of sparkpoint
+imports, directly or through others, a module that imports it back (at any depth, imports inside
+functions and under ``TYPE_CHECKING`` included); every package says what it is in its
+docstring."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "services" / "sparkpoint"
-LIMITED = ("agent", "coordinator")
+LIMITED = ("agent", "coordinator", "cli")
 MAX_CLASS = 400
 MAX_FUNCTION = 60
 

@@ -1,0 +1,304 @@
+"""One function per command: each reaches what it needs and returns an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sparkpoint.cli.arguments import (
+    DEFAULT_HISTORY_URL,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    OperationFailed,
+    reachable,
+    say,
+    with_topics,
+)
+from sparkpoint.common.kafka import bootstrap_servers, make_admin
+
+if TYPE_CHECKING:
+    from sparkpoint.coordinator.rest.flink_compat import WebUi
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from sparkpoint.common.broker import run_foreground
+
+    say(f"embedded broker (tansu, memory only) on 127.0.0.1:{args.port}")
+    run_foreground(args.port)
+    return EXIT_OK  # not reached: the process became the broker
+
+
+def cmd_topics_create(args: argparse.Namespace) -> int:
+    from sparkpoint.common.topics import create_topics, print_topics
+
+    bootstrap = reachable(args.bootstrap)
+    states = create_topics(
+        make_admin(bootstrap),
+        partitions=args.partitions,
+        replication_factor=args.replication_factor,
+    )
+    print_topics(states, say)
+    return EXIT_OK
+
+
+def load_web_ui(path: Path | None) -> WebUi | int | None:
+    """Flink's dashboard from ``--flink-web-ui``, None without one, or `EXIT_USAGE` (said on
+    stderr) when the path holds none."""
+    from sparkpoint.coordinator.rest.flink_compat import WebUi, WebUiError
+
+    try:
+        return WebUi.load(path) if path is not None else None
+    except (WebUiError, OSError) as exc:
+        print(f"sparkpoint: --flink-web-ui: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from sparkpoint.coordinator.main import run
+
+    web_ui = load_web_ui(args.flink_web_ui)
+    if isinstance(web_ui, int):
+        return web_ui
+    run(
+        with_topics(reachable(args.bootstrap)),
+        args.rest_host,
+        args.rest_port,
+        args.config,
+        args.advertised_rest_url,
+        web_ui,
+        args.history_url,
+        args.transactions_in_flight,
+    )
+    return EXIT_OK
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from sparkpoint.history.app import HistorySettings, run
+
+    settings = HistorySettings(
+        with_topics(reachable(args.bootstrap)),
+        args.rest_host,
+        args.rest_port,
+        args.group,
+        args.checkpoint_history,
+    )
+    run(settings, say)
+    return EXIT_OK
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from sparkpoint.agent.main import AgentFailed, run
+    from sparkpoint.agent.rounds.channels import DEFAULT_CAPACITY_BYTES
+    from sparkpoint.agent.runtime import AgentOptions
+    from sparkpoint.common.events import JobStatus
+
+    spark_settings = {}
+    for setting in args.conf or []:
+        key, sep, value = setting.partition("=")
+        if not sep or not key.startswith("spark."):
+            raise OperationFailed(f"--conf {setting!r}: expected spark.KEY=VALUE")
+        spark_settings[key] = value
+    options = AgentOptions(
+        with_topics(reachable(args.bootstrap)),
+        parallelism=args.parallelism,
+        restore=args.restore,
+        allow_non_restored_state=args.allow_non_restored_state,
+        allow_fresh_start=args.allow_fresh_start,
+        claim_mode=args.claim_mode,
+        master=args.master,
+        spark_settings=spark_settings,
+        checkpoint_dir=args.checkpoint_dir,
+        channel_dir=args.channel_dir,
+        capacity_bytes=args.channel_capacity or DEFAULT_CAPACITY_BYTES,
+    )
+    try:
+        status = run(args.job, options, say)
+    except AgentFailed as exc:
+        raise OperationFailed(str(exc)) from None
+    return EXIT_OK if status in (JobStatus.FINISHED, JobStatus.CANCELED) else EXIT_FAILED
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from sparkpoint.agent.example import generate
+
+    bootstrap = reachable(args.bootstrap)
+    target = f"{args.count} payments" if args.count else "payments until Ctrl-C"
+    say(f"generating {target} on {args.topic}" + (f" at {args.rate}/s" if args.rate else ""))
+    written = generate(
+        bootstrap, args.topic, args.count, args.rate, args.start_id, args.seed, args.verbose
+    )
+    say(f"{written} payments written to {args.topic}")
+    return EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from sparkpoint.client import call, rest_url
+    from sparkpoint.common.flink_ids import flink_job_id
+
+    jobs = call(rest_url(args.rest), "GET", "/jobs")["jobs"]
+    say(f"{'id':<24} {'Flink JobID':<32} {'status':<10} {'parallelism':>11} {'restarts':>8}  name")
+    for job in jobs:
+        restarts = job.get("restarts", 0)
+        jid = job.get("jid") or flink_job_id(job["id"])  # an older coordinator: derived here
+        say(
+            f"{job['id']:<24} {jid:<32} {job['status']:<10} {job['parallelism']:>11} {restarts:>8}  {job['name']}"
+        )
+    return EXIT_OK
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from sparkpoint.client import call, rest_url
+
+    stats = call(rest_url(args.rest), "GET", f"/jobs/{args.job}/checkpoints")
+    counts = stats["counts"]
+    say(
+        f"job {args.job}: {counts['completed']} completed, {counts['failed']} failed, "
+        f"{counts['in_progress']} in progress, {counts['restored']} restored"
+    )
+    duration = stats["summary"]["end_to_end_duration"]
+    say(
+        f"duration ms: min {duration['min']} avg {duration['avg']} p50 {duration['p50']:.0f} p99 {duration['p99']:.0f} max {duration['max']}"
+    )
+    say(
+        f"{'id':>6}  {'status':<11} {'type':<20} {'duration':>9} {'state':>10} {'acks':>7}  path or failure"
+    )
+    for entry in stats["history"]:
+        where = entry.get("external_path") or entry.get("failure_message") or ""
+        acks = f"{entry['num_acknowledged_subtasks']}/{entry['num_subtasks']}"
+        say(
+            f"{entry['id']:>6}  {entry['status']:<11} {entry['checkpoint_type']:<20} {entry['end_to_end_duration']:>7}ms {entry['state_size']:>10} {acks:>7}  {where}"
+        )
+    return EXIT_OK
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    from sparkpoint.client import call, rest_url, wait_for_trigger
+
+    base = rest_url(args.rest)
+    request_id = call(base, "POST", f"/jobs/{args.job}/checkpoints", {})["request-id"]
+    operation = wait_for_trigger(base, f"/jobs/{args.job}/checkpoints/{request_id}", args.timeout)
+    details = call(base, "GET", f"/jobs/{args.job}/checkpoints/details/{operation['checkpointId']}")
+    say(details.get("external_path") or str(operation["checkpointId"]))
+    return EXIT_OK
+
+
+def cmd_savepoint(args: argparse.Namespace) -> int:
+    from sparkpoint.client import call, rest_url, wait_for_trigger
+
+    base = rest_url(args.rest)
+    if args.dispose:
+        if args.job or args.target_dir:
+            raise OperationFailed("--dispose PATH takes no JOB or TARGET_DIR")
+        answer = call(base, "POST", "/savepoint-disposal", {"savepoint-path": args.dispose})
+        operation = answer.get("operation")
+        if operation is None:
+            operation = wait_for_trigger(
+                base, f"/savepoint-disposal/{answer['request-id']}", args.timeout
+            )
+        if "failure-cause" in operation:
+            raise OperationFailed(f"disposing {args.dispose} failed: {operation['failure-cause']}")
+        say(f"disposed savepoint {args.dispose}")
+        return EXIT_OK
+    if not args.job:
+        raise OperationFailed("a JOB is needed (or --dispose PATH)")
+    body = {"target-directory": args.target_dir, "cancel-job": False}
+    request_id = call(base, "POST", f"/jobs/{args.job}/savepoints", body)["request-id"]
+    say(
+        wait_for_trigger(base, f"/jobs/{args.job}/savepoints/{request_id}", args.timeout)[
+            "location"
+        ]
+    )
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from sparkpoint.client import call, rest_url, wait_for_trigger
+
+    base = rest_url(args.rest)
+    body = {"targetDirectory": args.savepoint, "drain": args.drain}
+    request_id = call(base, "POST", f"/jobs/{args.job}/stop", body)["request-id"]
+    say(
+        wait_for_trigger(base, f"/jobs/{args.job}/savepoints/{request_id}", args.timeout)[
+            "location"
+        ]
+    )
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """As ``flink cancel``: the agent ends the job CANCELED (no savepoint)."""
+    from sparkpoint.client import call, rest_url
+
+    call(rest_url(args.rest), "PATCH", f"/jobs/{args.job}?mode=cancel")
+    say(f"cancelled job {args.job}: its agent ends it CANCELED at the end of its current round")
+    return EXIT_OK
+
+
+CONFIG_OPTIONS = {
+    "interval": ("checkpointInterval", "duration"),
+    "timeout": ("checkpointTimeout", "duration"),
+    "min_pause": ("minPauseBetweenCheckpoints", "duration"),
+    "max_concurrent": ("maxConcurrentCheckpoints", "int"),
+    "tolerable_failed": ("tolerableCheckpointFailureNumber", "int"),
+    "aligned_timeout": ("alignedCheckpointTimeout", "duration"),
+    "unaligned": ("unalignedCheckpoints", "switch"),
+}
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from sparkpoint.client import call, rest_url
+
+    base = rest_url(args.rest)
+    changes = {
+        rest: getattr(args, name)
+        for name, (rest, _) in CONFIG_OPTIONS.items()
+        if getattr(args, name) is not None
+    }
+    if changes:
+        config = call(base, "PATCH", f"/jobs/{args.job}/checkpoints/configuration", changes)
+    else:
+        config = call(base, "GET", f"/jobs/{args.job}/checkpoints/config")
+    for key, value in config.items():
+        say(f"{key}: {json.dumps(value)}")
+    return EXIT_OK
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from sparkpoint import audit
+
+    history_url = args.history or os.environ.get("SPARKPOINT_HISTORY_URL", DEFAULT_HISTORY_URL)
+    try:
+        if not args.replay and audit.history_answers(history_url):
+            audit.run(bootstrap_servers(args.bootstrap), args.job, args.since, args.json, say,
+                      history_url)  # fmt: skip
+        else:
+            audit.run(reachable(args.bootstrap), args.job, args.since, args.json, say)
+        if args.follow:
+            audit.follow(reachable(args.bootstrap), args.job, args.json, say)
+    except ValueError as exc:
+        raise OperationFailed(str(exc)) from None
+    except KeyboardInterrupt:
+        pass  # how --follow ends
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from sparkpoint import demo
+
+    if isinstance(load_web_ui(args.flink_web_ui), int):  # checked here: the coordinator
+        return EXIT_USAGE  # runs as a process of its own
+    demo.run(
+        reachable(args.bootstrap) if args.bootstrap else None,
+        args.partitions,
+        args.once,
+        say,
+        args.rest_port,
+        args.exchange,
+        args.flink_web_ui,
+    )
+    return EXIT_OK
