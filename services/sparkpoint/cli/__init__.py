@@ -16,6 +16,8 @@ from sparkpoint.cli.arguments import EXIT_FAILED, OperationFailed
 from sparkpoint.cli.parser import build_parser
 from sparkpoint.client import RestError
 from sparkpoint.common.broker import BrokerError
+from sparkpoint.common.kafka_config import KafkaConfigError, use_properties_file
+from sparkpoint.common.redaction import install_log_redaction
 from sparkpoint.common.settings import ConfigError
 from sparkpoint.common.topics import TopicMismatch
 
@@ -28,12 +30,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    install_log_redaction()
     if not args.verbose:
         logging.getLogger("sparkpoint.librdkafka").setLevel(logging.CRITICAL)
     try:
+        if getattr(args, "kafka_config", None) is not None:
+            use_properties_file(args.kafka_config)
         code: int = args.run(args)
         return code
-    except (OperationFailed, BrokerError, TopicMismatch, ConfigError) as exc:
+    except (OperationFailed, BrokerError, TopicMismatch, ConfigError, KafkaConfigError) as exc:
         print(f"sparkpoint: {exc}", file=sys.stderr)
     except RestError as exc:
         print(f"sparkpoint: {exc}", file=sys.stderr)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from confluent_kafka import KafkaException
 
 from sparkpoint.common.broker import BrokerError, wait_for_metadata
-from sparkpoint.common.kafka import bootstrap_servers, make_admin
+from sparkpoint.common.kafka import CONNECTION_ERRORS, bootstrap_servers, make_admin
 from sparkpoint.common.options import parse_memory
 
 DEFAULT_HISTORY_URL = "http://127.0.0.1:8082"
@@ -93,7 +94,9 @@ def reachable(bootstrap: str | None) -> str:
     servers = bootstrap_servers(bootstrap)
     try:
         wait_for_metadata(servers, REACH_TIMEOUT_S)
-    except BrokerError:
+    except BrokerError as exc:
+        if CONNECTION_ERRORS.last(servers) is not None or "configuration" in str(exc):
+            raise OperationFailed(str(exc)) from None
         raise OperationFailed(
             f"cannot reach Kafka at {servers} (is a broker running? `sparkpoint broker`, "
             "or set --bootstrap / KAFKA_BOOTSTRAP_SERVERS)"
@@ -113,5 +116,14 @@ def duration_ms(text: str) -> int:
 def add_bootstrap(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap",
-        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092)",
+        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS, else the client "
+        "configuration's bootstrap.servers, else 127.0.0.1:9092)",
+    )
+    parser.add_argument(
+        "--kafka-config",
+        type=Path,
+        metavar="FILE",
+        help="librdkafka client properties (security.protocol, sasl.*, ssl.*) for every Kafka "
+        "client of this process and of the Spark tasks it starts (default: "
+        "$SPARKPOINT_KAFKA_CONFIG)",
     )

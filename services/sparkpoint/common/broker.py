@@ -28,7 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from sparkpoint.common.kafka import make_admin
+from confluent_kafka import KafkaException
+
+from sparkpoint.common.kafka import CONNECTION_ERRORS, make_admin
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +85,13 @@ def wait_for_metadata(
     bootstrap: str, timeout_s: float, alive: Callable[[], bool] = lambda: True
 ) -> None:
     """Returns once the broker at ``bootstrap`` answers a metadata request; gives up early once
-    ``alive`` says the broker process is gone."""
-    admin = make_admin(bootstrap)
+    ``alive`` says the broker process is gone, or once a client reported a cause no retry cures
+    (refused credentials, an untrusted certificate: see `ConnectionErrors`)."""
+    CONNECTION_ERRORS.forget(bootstrap)
+    try:
+        admin = make_admin(bootstrap)
+    except KafkaException as exc:  # a property librdkafka does not know, or a bad value
+        raise BrokerError(f"Kafka client configuration: {exc.args[0].str()}") from None
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline and alive():
@@ -93,6 +100,11 @@ def wait_for_metadata(
             return
         except Exception as exc:  # KafkaException while the listener is not up yet
             last = exc
+            refused = CONNECTION_ERRORS.last(bootstrap)
+            if refused is not None:
+                raise BrokerError(
+                    f"Kafka at {bootstrap} refused the connection: {refused}"
+                ) from None
             time.sleep(0.02)
     raise BrokerError(f"no answer from {bootstrap} within {timeout_s:.0f} s: {last}")
 

@@ -36,7 +36,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,7 @@ from confluent_kafka.admin import AdminClient
 
 from sparkpoint.common.avro import EventCodec, UndecodableEvent
 from sparkpoint.common.events import Event
+from sparkpoint.common.kafka_config import client_properties
 from sparkpoint.common.topics import TopicSpec
 
 log = logging.getLogger(__name__)
@@ -83,17 +84,86 @@ class ConsumerProfile(enum.Enum):
 
 
 def bootstrap_servers(explicit: str | None = None) -> str:
-    """``--bootstrap`` if given, else ``KAFKA_BOOTSTRAP_SERVERS``, else the embedded default."""
-    return explicit or os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or DEFAULT_BOOTSTRAP
+    """``--bootstrap`` if given, else ``KAFKA_BOOTSTRAP_SERVERS``, else the client configuration's
+    ``bootstrap.servers``, else the embedded default."""
+    return (
+        explicit
+        or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        or client_properties().get("bootstrap.servers")
+        or DEFAULT_BOOTSTRAP
+    )
 
 
-def _base(bootstrap: str, client_id: str) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": bootstrap,
-        "client.id": client_id,
-        "socket.nagle.disable": True,
-        "logger": LIBRDKAFKA_LOG,
-    }
+Properties = Mapping[str, "str | int | bool | float"]
+"""librdkafka client properties (a source's or a sink's own, or the process's)."""
+
+
+def _base(bootstrap: str, client_id: str, properties: Properties | None = None) -> dict[str, Any]:
+    """The process's client properties (`sparkpoint.common.kafka_config`), then ``properties``,
+    under sparkpoint's: the callers add the settings its guarantees rest on over both."""
+    return (
+        {"socket.nagle.disable": True}
+        | client_properties()
+        | dict(properties or {})
+        | {
+            "bootstrap.servers": bootstrap,
+            "client.id": client_id,
+            "logger": LIBRDKAFKA_LOG,
+            "error_cb": CONNECTION_ERRORS.callback(bootstrap),
+        }
+    )
+
+
+class ConnectionErrors:
+    """The last error each cluster's clients reported that no retry will cure: refused
+    credentials, an untrusted or unverifiable certificate, a broker that speaks another
+    protocol. Logged once per cause (librdkafka would retry them silently forever), and read by
+    `sparkpoint.common.broker.wait_for_metadata` to fail in seconds with the cause."""
+
+    FATAL_TO_CONNECTING = (KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError._INVALID_ARG)
+
+    def __init__(self) -> None:
+        self._last: dict[str, str] = {}
+        self._logged: set[str] = set()
+        self._lock = threading.Lock()
+
+    def callback(self, bootstrap: str) -> Callable[[KafkaError], None]:
+        def noted(error: KafkaError) -> None:
+            self.note(bootstrap, error)
+
+        return noted
+
+    def note(self, bootstrap: str, error: KafkaError) -> None:
+        text = error.str()
+        if error.code() in self.FATAL_TO_CONNECTING or _looks_like_security(text):
+            with self._lock:
+                self._last[bootstrap] = text
+                first = text not in self._logged
+                self._logged.add(text)
+            if first:
+                log.error("Kafka at %s: %s", bootstrap, text)
+        else:
+            LIBRDKAFKA_LOG.info("Kafka at %s: %s", bootstrap, text)
+
+    def last(self, bootstrap: str) -> str | None:
+        with self._lock:
+            return self._last.get(bootstrap)
+
+    def forget(self, bootstrap: str) -> None:
+        with self._lock:
+            self._last.pop(bootstrap, None)
+
+
+CONNECTION_ERRORS = ConnectionErrors()
+
+
+def _looks_like_security(text: str) -> bool:
+    """librdkafka reports some of these as transport errors of the connection they ended."""
+    lowered = text.lower()
+    return any(
+        cause in lowered
+        for cause in ("sasl", "ssl handshake", "certificate", "authentication", "tls")
+    )
 
 
 def producer_config(
@@ -103,12 +173,13 @@ def producer_config(
     transactional_id: str | None = None,
     one_record_per_batch: bool = False,
     linger_ms: int = 1,
+    properties: Properties | None = None,
 ) -> dict[str, Any]:
     """acks=all and idempotence always. ``transactional_id`` must be fixed per writer so that a
     successor's ``init_transactions`` aborts a crashed predecessor's open transaction.
     ``one_record_per_batch`` is for compacted stores: the embedded broker reports a correct end
     offset only when every batch holds one record."""
-    config = _base(bootstrap, client_id) | {
+    config = _base(bootstrap, client_id, properties) | {
         "acks": "all",
         "enable.idempotence": True,
         "linger.ms": linger_ms,
@@ -131,9 +202,10 @@ def consumer_config(
     client_id: str = "sparkpoint",
     profile: ConsumerProfile = ConsumerProfile.LIVE,
     read_committed: bool = False,
+    properties: Properties | None = None,
 ) -> dict[str, Any]:
     """Offsets are never auto-committed: sparkpoint keeps positions where it needs them."""
-    return _base(bootstrap, client_id) | {
+    return _base(bootstrap, client_id, properties) | {
         "group.id": group_id or f"sparkpoint-unassigned-{os.getpid()}",
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
@@ -164,8 +236,8 @@ def make_consumer(bootstrap: str, **kwargs: Any) -> Consumer:
     return Consumer(consumer_config(bootstrap, **kwargs))
 
 
-def make_admin(bootstrap: str) -> AdminClient:
-    return AdminClient(_base(bootstrap, "sparkpoint-admin"))
+def make_admin(bootstrap: str, properties: Properties | None = None) -> AdminClient:
+    return AdminClient(_base(bootstrap, "sparkpoint-admin", properties))
 
 
 # --- errors ------------------------------------------------------------------------------------
