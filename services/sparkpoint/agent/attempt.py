@@ -38,6 +38,7 @@ from sparkpoint.common.checkpoint_store import latest_store_record
 from sparkpoint.common.events import JobRegistered, JobStatus, Subtask
 from sparkpoint.common.kafka import EventPublisher
 from sparkpoint.common.keygroups import KeyGroupRange
+from sparkpoint.common.redaction import redact_options
 from sparkpoint.common.settings import CheckpointConfig, RecoveryConfig
 
 log = logging.getLogger(__name__)
@@ -213,12 +214,13 @@ def registration(
     timestamp: int,
 ) -> JobRegistered:
     """Attempt ``attempt``'s registration: its subtasks (a source and a keyed one per key-group
-    range), its settings, and the snapshot it restored."""
+    range), its settings (secrets redacted: the event is kept on a compacted topic and shown by
+    the REST API), and the snapshot it restored."""
     subtasks = [Subtask(f"source-{i}", i, r.start, r.end) for i, r in enumerate(ranges)]
     subtasks += [Subtask(f"keyed-{i}", i, r.start, r.end) for i, r in enumerate(ranges)]
     return JobRegistered(
         job.id, job.name, agent_id, attempt, JobStatus.RUNNING, len(ranges), job.max_parallelism,
-        subtasks, dict(settings), timestamp,
+        subtasks, redact_options(settings), timestamp,
         restored.checkpoint_id if restored else None,
         restored.external_path if restored else None,
     )  # fmt: skip

@@ -22,6 +22,7 @@ time only to find it). Sinks encode a DataFrame's rows.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import struct
@@ -34,6 +35,8 @@ import fastavro
 import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pajson
+
+from sparkpoint.common.kafka_config import Frozen, frozen, schema_registry_properties
 
 Malformed = list[tuple[int, str]]
 
@@ -227,13 +230,17 @@ class ConfluentAvroValues:
     """A sink's schema file, written under ``schema_id`` (registered under ``subject``)."""
     schema_id: int | None = None
     subject: str | None = None
+    registry_properties: Mapping[str, str] = field(default_factory=dict)
+    """The Schema Registry client's settings (confluent-kafka's SchemaRegistryClient:
+    ``basic.auth.user.info``, ``bearer.auth.token``, ``ssl.ca.location``...) over those of the
+    agent's Kafka client configuration (its ``schema.registry.*`` keys)."""
 
     def _schema(self, schema_id: int) -> Any:
         if schema_id in self.schemas:
             return _parsed(self.schemas[schema_id])[0]
         if self.registry is None:
             raise KeyError(f"no schema with id {schema_id}")
-        return _registry_schema(self.registry, schema_id)
+        return _registry_schema(self.registry, frozen(self.registry_properties), schema_id)
 
     def decode(
         self, values: list[bytes], keys: list[bytes | None], offsets: list[int]
@@ -257,7 +264,12 @@ class ConfluentAvroValues:
         if schema_id is None:
             if self.registry is None:
                 raise ValueError("a Confluent Avro sink needs schema_id or a registry")
-            schema_id = _register(self.registry, self.subject or "sparkpoint-value", self.schema)
+            schema_id = _register(
+                self.registry,
+                frozen(self.registry_properties),
+                self.subject or "sparkpoint-value",
+                self.schema,
+            )
         prefix = CONFLUENT + struct.pack(">I", schema_id)
         out = []
         for record in frame.to_dict(orient="records"):
@@ -268,26 +280,37 @@ class ConfluentAvroValues:
         return out
 
 
-@cache
-def _registry_schema(url: str, schema_id: int) -> Any:
+def with_registry_settings(value_format: ValueFormat) -> ValueFormat:
+    """``value_format`` with this process's Schema Registry settings under its own: the Spark
+    tasks that decode and encode run where the agent's configuration file may not be."""
+    if not isinstance(value_format, ConfluentAvroValues):
+        return value_format
+    settings = schema_registry_properties() | dict(value_format.registry_properties)
+    return dataclasses.replace(value_format, registry_properties=settings)
+
+
+def _registry(url: str, properties: Frozen) -> Any:
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    schema = SchemaRegistryClient({"url": url}).get_schema(schema_id)
+    return SchemaRegistryClient({**dict(properties), "url": url})
+
+
+@cache
+def _registry_schema(url: str, properties: Frozen, schema_id: int) -> Any:
+    schema = _registry(url, properties).get_schema(schema_id)
     if schema.schema_str is None or schema.schema_type not in (None, "AVRO"):
         raise ValueError(f"schema {schema_id} in {url} is not an Avro schema")
     return fastavro.parse_schema(json.loads(schema.schema_str))
 
 
 @cache
-def _register(url: str, subject: str, schema_file: str) -> int:
-    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+def _register(url: str, properties: Frozen, subject: str, schema_file: str) -> int:
+    from confluent_kafka.schema_registry import Schema
 
     with open(schema_file) as source:
         text = source.read()
     return int(
-        SchemaRegistryClient({"url": url}).register_schema(
-            subject, Schema(text, schema_type="AVRO")
-        )
+        _registry(url, properties).register_schema(subject, Schema(text, schema_type="AVRO"))
     )
 
 

@@ -229,6 +229,11 @@ class KafkaSource:
     max_duration_per_trigger: str | int = DEFAULT_MAX_DURATION_PER_TRIGGER
     """How long a round may read one partition, from its first fetch (a duration: ``200ms``,
     ``1s``; a bare number is milliseconds)."""
+    properties: Mapping[str, str | int] = field(default_factory=dict)
+    """librdkafka consumer settings over the agent's Kafka client configuration (as Flink's
+    KafkaSource takes consumer properties): another cluster's credentials, fetch sizes. The
+    settings sparkpoint's reads rest on are its own (``group.id``, ``enable.auto.commit``,
+    ``isolation.level``, ``auto.offset.reset``, ``enable.partition.eof``)."""
 
     def __post_init__(self) -> None:
         if self.max_records_per_partition < 1:
@@ -282,8 +287,9 @@ class KafkaSink:
     key_column: str | None = None
     value_format: ValueFormat = field(default_factory=JsonValues)
     properties: Mapping[str, str | int] = field(default_factory=dict)
-    """librdkafka producer settings over sparkpoint's (as Flink's KafkaSink takes producer
-    properties); ``transactional.id`` is the sink's own and cannot be set."""
+    """librdkafka producer settings over the agent's Kafka client configuration and over
+    sparkpoint's (as Flink's KafkaSink takes producer properties); ``transactional.id`` is the
+    sink's own and cannot be set."""
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from sparkpoint.agent.checkpointing.snapshots import (
 from sparkpoint.agent.control.link import ControlLink
 from sparkpoint.agent.control.membership import Membership, RegistrationRefused, Superseded
 from sparkpoint.agent.control.progress import Progress
-from sparkpoint.agent.formats import JsonValues
+from sparkpoint.agent.formats import JsonValues, ValueFormat, with_registry_settings
 from sparkpoint.agent.job import Job, KafkaSource
 from sparkpoint.agent.loop import JobLoop, Restart
 from sparkpoint.agent.options import MAX_ROWS_PER_ROUND, AgentOptions, JobSettings, Places
@@ -61,6 +61,7 @@ from sparkpoint.common.events import (
     JobStatus,
 )
 from sparkpoint.common.kafka import EventPublisher, make_producer
+from sparkpoint.common.kafka_config import Frozen, client_properties, frozen
 from sparkpoint.common.keygroups import key_group_range
 
 __all__ = ["MAX_ROWS_PER_ROUND", "Agent", "AgentOptions", "Restart"]
@@ -156,11 +157,16 @@ class Agent:
 
     def _round_settings(self) -> RoundSettings:
         source, job = self.job.source, self.job
-        value_format = source.value_format if isinstance(source, KafkaSource) else JsonValues()
+        value_format: ValueFormat = JsonValues()
+        properties: Frozen = ()
+        if isinstance(source, KafkaSource):
+            value_format = with_registry_settings(source.value_format)
+            properties = frozen(client_properties(), source.properties)
         return RoundSettings(
             self.job_id, self.options.bootstrap, source, value_format, job.map, job.function,
             job.key, self.max_parallelism, self.ranges, self.channel_dir,
             self.places.state_dir, self.places.sink_dir, self.options.max_rows_per_round,
+            properties,
         )  # fmt: skip
 
     # --- what tests, benchmarks and the command line read ------------------------------------

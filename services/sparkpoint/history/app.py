@@ -41,8 +41,10 @@ from faust.web import Request, Response, View
 from sparkpoint.common.avro import EventCodec, UndecodableEvent
 from sparkpoint.common.flink_ids import is_flink_id
 from sparkpoint.common.kafka import make_admin, partition_of
+from sparkpoint.common.kafka_config import client_properties
 from sparkpoint.common.topics import CHECKPOINT_EVENTS, CONFIG_CHANGES, JOBS, topic_prefix
 from sparkpoint.history import model
+from sparkpoint.history.credentials import faust_credentials
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +169,7 @@ def create_app(settings: HistorySettings, partitions: int) -> faust.App:
         table_standby_replicas=0,
         producer_max_request_size=4 * 1024 * 1024,
         TableManager=PromptTableManager,
+        broker_credentials=faust_credentials(client_properties()),
     )
     codec = EventCodec()
     source = app.topic(

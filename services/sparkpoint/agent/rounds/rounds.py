@@ -41,6 +41,7 @@ from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
 from sparkpoint.agent.spark.jobs import SparkJobs
 from sparkpoint.agent.state.backend import StateBackend, Version, working_path
+from sparkpoint.common.kafka_config import Frozen
 from sparkpoint.common.keygroups import KeyGroupRange
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class RoundSettings:
     state_dir: str
     sink_dir: str
     max_rows_per_round: int
+    source_properties: Frozen = ()
+    """The Kafka source's client properties, for the stage-1 tasks that read it."""
 
     @property
     def parallelism(self) -> int:
@@ -137,7 +140,7 @@ class Rounds:
                     source.ends.get((topic, partition)), read.max_records, settings.key,
                     settings.max_parallelism, settings.parallelism, settings.source.format,
                     settings.channel_dir, self.fetches, settings.value_format, read.until,
-                    max_duration_s,
+                    max_duration_s, settings.source_properties,
                 )
             )  # fmt: skip
         self.fetching = self.stage1.submit(self._fetch, list(by_subtask.values()))

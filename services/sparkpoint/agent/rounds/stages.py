@@ -42,6 +42,7 @@ from sparkpoint.agent.state.backend import (
     write_files,
 )
 from sparkpoint.common.kafka import fetched
+from sparkpoint.common.kafka_config import Frozen
 from sparkpoint.common.keygroups import key_groups, operator_indexes
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,9 @@ class FetchTask:
     """The partition's end when the round was planned: the read stops there (Kafka)."""
     max_duration_s: float = 0.2
     """How long the read may take, from its first fetch (Kafka)."""
+    properties: Frozen = ()
+    """The consumer's client properties (the agent's configuration and the source's): a task
+    runs where the agent's configuration file may not be (Kafka)."""
 
 
 @dataclass(frozen=True)
@@ -249,8 +253,8 @@ def read_ranges(tasks: list[FetchTask]) -> list[PartitionRead]:
     Offsets that hold no record (transaction markers) are passed when the end of the partition
     is reported."""
     reads = {(t.topic, t.partition): PartitionRead(t) for t in tasks}
-    bootstrap = tasks[0].bootstrap
-    consumer = CONSUMERS.take(bootstrap, [(t.topic, t.partition, t.start) for t in tasks])
+    cluster = (tasks[0].bootstrap, tasks[0].properties)
+    consumer = CONSUMERS.take(cluster, [(t.topic, t.partition, t.start) for t in tasks])
     try:
         deadline = time.monotonic() + max(t.max_duration_s for t in tasks)
         idle = 0
@@ -288,7 +292,7 @@ def read_ranges(tasks: list[FetchTask]) -> list[PartitionRead]:
     except BaseException:
         CONSUMERS.discard(consumer)
         raise
-    CONSUMERS.give_back(bootstrap, consumer)
+    CONSUMERS.give_back(cluster, consumer)
     return [reads[(t.topic, t.partition)] for t in tasks]
 
 

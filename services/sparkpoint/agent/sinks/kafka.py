@@ -24,6 +24,7 @@ fences: each publishing task's ``init_transactions`` aborts what an earlier one 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -34,6 +35,7 @@ import pandas as pd
 from confluent_kafka import Producer
 
 from sparkpoint.agent.faults import kill, passes
+from sparkpoint.agent.formats import with_registry_settings
 from sparkpoint.agent.job import DeliveryGuarantee, KafkaSink
 from sparkpoint.agent.sinks import (
     Emit,
@@ -50,6 +52,7 @@ from sparkpoint.common.kafka import (
     producer_config,
     replay_topic,
 )
+from sparkpoint.common.kafka_config import Frozen, client_properties, frozen
 from sparkpoint.common.topics import SINK_MARKERS, topic_prefix
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,9 @@ class Publish:
     crash_halfway: bool = False
     """Tests' crash point ``mid-publish``: half of the records delivered, the transaction left
     open, and the producer kept alive until the agent kills itself."""
+    client: Frozen = ()
+    """The agent's Kafka client properties: a task runs where its configuration file may not
+    be."""
 
 
 _LEFT_OPEN: list[Producer] = []
@@ -115,12 +121,13 @@ def publish(task: Publish) -> int:
     # a producer of its own: its init_transactions fences and aborts whatever an earlier one of
     # the sink's transactional id left open (a kept producer per worker would be fenced by the
     # other workers' in turn, and find out only once it had produced the epoch)
-    producer = _producer(task.sink, task.bootstrap, task.job_id, task.transactional_id)
+    producer = _producer(task.sink, task.bootstrap, task.job_id, task.transactional_id, task.client)
     digest = outputs_digest(list(task.outputs))
     if _retried():  # the lost attempt may have committed: then the epoch is visible already
         done = newest_marker(
-            producer, task.bootstrap, _codec(), task.markers, task.job_id, task.sink.topic
-        )
+            producer, task.bootstrap, _codec(), task.markers, task.job_id, task.sink.topic,
+            task.client,
+        )  # fmt: skip
         if done is not None and done.epoch == task.epoch and done.outputs_digest == digest:
             return done.records
     producer.begin_transaction()
@@ -148,11 +155,11 @@ def publish_frame(task: Publish, frame: pd.DataFrame) -> int:
     key = (
         task.bootstrap,
         task.job_id,
-        repr((task.sink.topic, sorted(task.sink.properties.items()))),
+        repr((task.sink.topic, sorted(task.sink.properties.items()), task.client)),
     )
     producer = _KEPT.get(key)
     if producer is None:
-        producer = _KEPT[key] = _producer(task.sink, task.bootstrap, task.job_id, None)
+        producer = _KEPT[key] = _producer(task.sink, task.bootstrap, task.job_id, None, task.client)
     try:
         count = _produce(producer, task, frame, None)
         remaining = producer.flush(60)
@@ -180,7 +187,13 @@ def _retried() -> bool:
 
 
 def newest_marker(
-    producer: Producer, bootstrap: str, codec: EventCodec, markers: str, job_id: str, topic: str
+    producer: Producer,
+    bootstrap: str,
+    codec: EventCodec,
+    markers: str,
+    job_id: str,
+    topic: str,
+    client: Frozen = (),
 ) -> SinkEpochPublished | None:
     """The newest committed marker of a job's sink. Markers are written one per transaction, so
     the end offsets are right on the embedded broker too. ``producer`` has initialised the
@@ -191,19 +204,24 @@ def newest_marker(
     partition = partition_of(job_id, len(partitions.partitions))
     found = [
         r.event
-        for r in replay_topic(bootstrap, codec, markers, [partition], read_committed=True)
+        for r in replay_topic(
+            bootstrap, codec, markers, [partition], read_committed=True, properties=dict(client)
+        )
         if r.key == job_id and isinstance(r.event, SinkEpochPublished) and r.event.sink == topic
     ]
     return max(found, key=lambda m: m.epoch, default=None)
 
 
 def _producer(
-    sink: KafkaSink, bootstrap: str, job_id: str, transactional_id: str | None
+    sink: KafkaSink, bootstrap: str, job_id: str, transactional_id: str | None, client: Frozen
 ) -> Producer:
     """A producer for the sink. Given the sink's transactional id, its transactions are
     initialised, which aborts whatever an earlier producer of that id left open (fencing)."""
     config = producer_config(
-        bootstrap, client_id=f"sparkpoint-sink-{job_id}", transactional_id=transactional_id
+        bootstrap,
+        client_id=f"sparkpoint-sink-{job_id}",
+        transactional_id=transactional_id,
+        properties=dict(client),
     )
     config["linger.ms"] = 5
     config["queue.buffering.max.messages"] = QUEUE_MESSAGES
@@ -283,7 +301,10 @@ class KafkaSinkWriter:
         key: str,
         run: SinkRunner = inline,
     ) -> None:
-        self.sink = sink
+        self.sink = dataclasses.replace(
+            sink, value_format=with_registry_settings(sink.value_format)
+        )
+        self.client = frozen(client_properties())
         self.bootstrap = bootstrap
         self.codec = codec
         self.job_id = job_id
@@ -298,7 +319,7 @@ class KafkaSinkWriter:
     def _task(self, outputs: list[str], epoch: int | None = None, crash: bool = False) -> Publish:
         return Publish(
             self.sink, self.bootstrap, self.job_id, self.agent_id, self.key_column,
-            self.transactional_id, self.markers, tuple(outputs), epoch, crash,
+            self.transactional_id, self.markers, tuple(outputs), epoch, crash, self.client,
         )  # fmt: skip
 
     def publish_epoch(self, epoch: int, outputs: list[str]) -> int:
@@ -321,15 +342,16 @@ class KafkaSinkWriter:
     def published(self) -> PublishedEpoch | None:
         """The newest epoch this job's sink made visible (`newest_marker`)."""
         newest = newest_marker(
-            self._fence(), self.bootstrap, self.codec, self.markers, self.job_id, self.sink.topic
-        )
+            self._fence(), self.bootstrap, self.codec, self.markers, self.job_id, self.sink.topic,
+            self.client,
+        )  # fmt: skip
         return None if newest is None else PublishedEpoch(newest.epoch, newest.outputs_digest)
 
     def _fence(self) -> Producer:
         """A producer of the sink's transactional id, initialised: a predecessor's transaction
         left open is aborted before the markers are read. At-least-once: a plain producer."""
         transactional = self.transactional_id if self.exactly_once else None
-        return _producer(self.sink, self.bootstrap, self.job_id, transactional)
+        return _producer(self.sink, self.bootstrap, self.job_id, transactional, self.client)
 
     def close(self) -> None:
         """Nothing to let go: each publishing task has its own producer."""

@@ -9,8 +9,9 @@ client). Between tasks a kept consumer holds no assignment and fetches nothing: 
 in the background (a consumer per partition and worker) doubled the embedded broker's CPU at
 10,000 records/s and made every round slower, as each partition was fetched by every worker.
 
-A worker keeps one consumer per cluster (one task runs in a worker at a time); one unused for
-`IDLE_CLOSE_S` is closed by the next task of that worker.
+A worker keeps one consumer per cluster, a bootstrap address with its client properties (one
+task runs in a worker at a time); one unused for `IDLE_CLOSE_S` is closed by the next task of
+that worker.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from sparkpoint.common.kafka import consumer_config
+from sparkpoint.common.kafka_config import Frozen
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +39,23 @@ class Kept:
     used: float
 
 
+Cluster = tuple[str, Frozen]
+"""A bootstrap address and the client properties to reach it with."""
+
+
 class PartitionConsumers:
-    """A worker's kept consumer per cluster (bootstrap address)."""
+    """A worker's kept consumer per cluster."""
 
     def __init__(self, idle_close_s: float = IDLE_CLOSE_S) -> None:
         self.idle_close_s = idle_close_s
-        self.kept: dict[str, Kept] = {}
+        self.kept: dict[Cluster, Kept] = {}
         self.lock = threading.Lock()
 
-    def take(self, bootstrap: str, starts: list[tuple[str, int, int]]) -> Consumer:
+    def take(self, cluster: Cluster, starts: list[tuple[str, int, int]]) -> Consumer:
         """A consumer assigned each (topic, partition) at its start offset; give it back with
         `give_back`, or `discard` it after an error."""
         with self.lock:
-            kept = self.kept.pop(bootstrap, None)
+            kept = self.kept.pop(cluster, None)
             idle = self._idle(time.monotonic())
         for consumer in idle:
             close(consumer)
@@ -61,14 +67,15 @@ class PartitionConsumers:
             except KafkaException as exc:
                 log.debug("a kept source consumer is not reusable: %s", exc)
                 close(kept.consumer)
+        bootstrap, properties = cluster
         consumer = Consumer(
-            consumer_config(bootstrap, client_id="sparkpoint-source")
+            consumer_config(bootstrap, client_id="sparkpoint-source", properties=dict(properties))
             | {"enable.partition.eof": True}
         )
         consumer.assign(where)
         return consumer
 
-    def give_back(self, bootstrap: str, consumer: Consumer) -> None:
+    def give_back(self, cluster: Cluster, consumer: Consumer) -> None:
         """Keeps ``consumer`` for the next task of this worker, its partition unassigned (it
         fetches nothing meanwhile)."""
         try:
@@ -78,8 +85,8 @@ class PartitionConsumers:
             close(consumer)
             return
         with self.lock:
-            previous = self.kept.get(bootstrap)
-            self.kept[bootstrap] = Kept(consumer, time.monotonic())
+            previous = self.kept.get(cluster)
+            self.kept[cluster] = Kept(consumer, time.monotonic())
         if previous is not None:  # two tasks at once in this process (not PySpark's workers)
             close(previous.consumer)
 

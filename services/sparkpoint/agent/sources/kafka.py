@@ -36,7 +36,11 @@ class KafkaSourceReader(EndsEarly):
 
     def __post_init__(self) -> None:
         self.consumer = Consumer(
-            consumer_config(self.bootstrap, client_id="sparkpoint-source-driver")
+            consumer_config(
+                self.bootstrap,
+                client_id="sparkpoint-source-driver",
+                properties=self.source.properties,
+            )
         )
         self.partitions: list[Partition] = []
         for topic in self.source.topics:

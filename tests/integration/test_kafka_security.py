@@ -1,0 +1,182 @@
+"""Every sparkpoint client reaches a secured Kafka: the embedded broker behind its front, with
+TLS, a client certificate required and SCRAM-SHA-512 (tests/secure_kafka.py). One properties
+file (SPARKPOINT_KAFKA_CONFIG, set for this module) configures the coordinator in this process,
+the agents it starts and the Spark tasks that read and write Kafka, which carry their
+properties themselves; a client with a wrong password or an untrusted CA fails in seconds with
+the cause; exactly-once holds through kill points on it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.agent.example import ensure_topic, reference_output
+from sparkpoint.agent.rounds.stages import FetchTask, read_ranges
+from sparkpoint.common.events import JobStatus
+from sparkpoint.common.kafka import make_producer
+from sparkpoint.common.kafka_config import CONFIG_ENV, frozen
+from sparkpoint.history.credentials import faust_credentials
+from tests.conftest import KafkaUnderTest
+from tests.integration.test_agent import difference, read_output, unique
+from tests.integration.test_live_input import LiveProducer, agent, new_topic
+from tests.running_coordinator import Running, coordinator_in_thread, wait
+from tests.secure_kafka import SecureKafka, secure_kafka
+
+ROOT = Path(__file__).resolve().parents[2]
+SPARKPOINT = str(Path(sys.executable).parent / "sparkpoint")
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
+    with secure_kafka(tmp_path_factory.mktemp("tls")) as kafka, pytest.MonkeyPatch.context() as env:
+        env.setenv(CONFIG_ENV, str(kafka.config))
+        env.setenv("SPARKPOINT_TOPIC_PREFIX", f"s{uuid.uuid4().hex[:10]}.")
+        yield kafka
+
+
+@pytest.fixture(scope="module")
+def coordinator(
+    secured: SecureKafka, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Running]:
+    under_test = KafkaUnderTest(secured.bootstrap, "secured")
+    yield from coordinator_in_thread(under_test, tmp_path_factory.mktemp("secured"))
+
+
+def sparkpoint(*args: str, config: Path | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in (CONFIG_ENV, "KAFKA_BOOTSTRAP_SERVERS")}
+    command = [SPARKPOINT, *args] + (["--kafka-config", str(config)] if config else [])
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, check=False)
+
+
+# --- reaching it, or failing to say why ----------------------------------------------------------
+
+
+def test_topics_are_created_through_tls_and_scram(secured: SecureKafka) -> None:
+    result = sparkpoint(
+        "topics", "create", "--bootstrap", secured.bootstrap, "--partitions", "2",
+        config=secured.config,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"\.jobs\s+cleanup\.policy=compact\s+partitions=2", result.stdout)
+
+
+def test_a_wrong_password_is_one_line_naming_the_broker_and_the_refusal(
+    secured: SecureKafka,
+) -> None:
+    wrong = secured.write("wrong.properties", **{"sasl.password": "not-the-password"})
+    result = sparkpoint("topics", "create", "--bootstrap", secured.bootstrap, config=wrong)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert secured.bootstrap in lines[0]
+    assert "SASL authentication error" in lines[0] and "invalid credentials" in lines[0]
+    assert "not-the-password" not in result.stderr + result.stdout
+
+
+def test_an_untrusted_broker_certificate_is_one_line_saying_so(secured: SecureKafka) -> None:
+    untrusted = secured.write(
+        "untrusted.properties", **{"ssl.ca.location": str(secured.files / "other-ca.pem")}
+    )
+    result = sparkpoint("topics", "create", "--bootstrap", secured.bootstrap, config=untrusted)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "certificate verify failed" in result.stderr
+
+
+def test_without_a_client_certificate_the_broker_refuses(secured: SecureKafka) -> None:
+    anonymous = secured.write(
+        "anonymous.properties", **{"ssl.certificate.location": None, "ssl.key.location": None}
+    )
+    result = sparkpoint("topics", "create", "--bootstrap", secured.bootstrap, config=anonymous)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and secured.bootstrap in result.stderr
+
+
+def test_without_a_configuration_the_error_points_at_kafka_config(secured: SecureKafka) -> None:
+    result = sparkpoint("topics", "create", "--bootstrap", secured.bootstrap, config=None)
+    assert result.returncode == 1
+    assert "--kafka-config" in result.stderr
+
+
+def test_a_property_librdkafka_does_not_know_is_named(secured: SecureKafka) -> None:
+    odd = secured.write("odd.properties", **{"ssl.truststore.password": "changeit"})
+    result = sparkpoint("topics", "create", "--bootstrap", secured.bootstrap, config=odd)
+    assert result.returncode == 1
+    assert "ssl.truststore.password is Java's" in result.stderr
+
+
+# --- inside Spark tasks --------------------------------------------------------------------------
+
+
+def test_a_read_task_carries_its_properties_where_no_configuration_file_is(
+    secured: SecureKafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = new_topic(secured.bootstrap, partitions=1)
+    producer = make_producer(secured.bootstrap)
+    for n in range(50):
+        producer.produce(topic, f'{{"n": {n}}}'.encode(), b"k")
+    assert producer.flush(30) == 0
+    monkeypatch.delenv(CONFIG_ENV)  # as on an executor of a cluster: no file, no variable
+    task = FetchTask(
+        secured.bootstrap, topic, 0, 0, None, 1000, "k", 128, 1,
+        properties=frozen(secured.properties),
+    )  # fmt: skip
+    (read,) = read_ranges([task])
+    assert read.next_offset == 50 and len(read.values) == 50
+
+
+def test_the_history_service_takes_the_same_properties(secured: SecureKafka) -> None:
+    credentials = faust_credentials(secured.properties)
+    assert type(credentials).__name__ == "SASLCredentials"
+    assert credentials.mechanism.value == "SCRAM-SHA-512"  # type: ignore[attr-defined]
+    assert credentials.ssl_context is not None  # type: ignore[attr-defined]
+    assert faust_credentials({}) is None
+
+
+# --- a job on it ---------------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_exactly_once_through_kill_points_on_a_secured_broker(
+    secured: SecureKafka, coordinator: Running
+) -> None:
+    """The agents (processes) read the configuration through SPARKPOINT_KAFKA_CONFIG, as the
+    `sparkpoint` command passes it on; the producer writes the whole time."""
+    topic, output, name = new_topic(coordinator.bootstrap), unique("stats"), unique("secured")
+    ensure_topic(coordinator.bootstrap, output)
+    producer = LiveProducer(coordinator.bootstrap, topic, linger_ms=20).start()
+    try:
+        for point in ("after-ack:2", "mid-publish"):
+            process = agent(coordinator, name, topic, output, point)
+            _, err = process.communicate(timeout=240)
+            assert process.returncode == -signal.SIGKILL, f"{point}:\n{err[-3000:]}"
+    finally:
+        written = producer.stop()
+    expected = reference_output(written, end_of_input=True)
+    last = agent(coordinator, name, topic, output, None)
+    try:
+        totals = {row for row in expected if row[0] == "total"}
+        wait(
+            lambda: totals <= set(read_output(coordinator.bootstrap, output)), 180,
+            "every payment's total committed",
+        )  # fmt: skip
+        with coordinator.client() as client:
+            body = {"targetDirectory": str(coordinator.root / "savepoints"), "drain": True}
+            assert client.post(f"/jobs/{name}/stop", json=body).status_code == 200
+        _, err = last.communicate(timeout=120)
+    finally:
+        if last.poll() is None:
+            last.kill()
+    assert last.returncode == 0, err[-3000:]
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+    with coordinator.client() as client:
+        assert client.get(f"/jobs/{name}").json()["state"] == JobStatus.FINISHED.name
+    assert secured.password not in err  # the agents' verbose logs
