@@ -13,6 +13,7 @@ from pathlib import Path
 
 import uvicorn
 
+from sparkpoint.common.rest_security import RestSecurity
 from sparkpoint.common.settings import CheckpointConfig
 from sparkpoint.common.storage import absolute
 from sparkpoint.coordinator.rest.app import create_app
@@ -22,15 +23,26 @@ from sparkpoint.coordinator.service.instance import CoordinatorService, ServiceS
 log = logging.getLogger(__name__)
 
 
-def load_defaults(config_file: Path | None) -> CheckpointConfig:
-    """Cluster defaults from a Flink-style YAML file (``execution.checkpointing.*`` keys, flat or
-    nested), over Flink's defaults."""
+def load_options(config_file: Path | None) -> dict[str, object]:
+    """The options of a Flink-style YAML file, keys flat or nested (``{}`` without a file)."""
     if config_file is None:
-        return CheckpointConfig()
+        return {}
     import yaml
 
     loaded = yaml.safe_load(config_file.read_text()) or {}
-    return CheckpointConfig.from_options(_flatten(loaded))
+    return _flatten(loaded)
+
+
+def load_defaults(config_file: Path | None) -> CheckpointConfig:
+    """Cluster defaults from a Flink-style YAML file (``execution.checkpointing.*`` keys, flat or
+    nested), over Flink's defaults."""
+    return CheckpointConfig.from_options(load_options(config_file))
+
+
+def load_security(config_file: Path | None) -> RestSecurity:
+    """The REST endpoint's security from the same file (``security.ssl.rest.*``,
+    ``security.rest.*``: `sparkpoint.common.rest_security.settings`)."""
+    return RestSecurity.from_options(load_options(config_file), str(config_file))
 
 
 def _flatten(tree: dict[str, object], prefix: str = "") -> dict[str, object]:
@@ -45,12 +57,22 @@ def _flatten(tree: dict[str, object], prefix: str = "") -> dict[str, object]:
 
 
 async def serve(
-    service: CoordinatorService, rest_host: str, rest_port: int, web_ui: WebUi | None = None
+    service: CoordinatorService,
+    rest_host: str,
+    rest_port: int,
+    web_ui: WebUi | None = None,
+    security: RestSecurity | None = None,
 ) -> None:
     settings = service.settings
-    app = create_app(service, web_ui)
+    security = security or RestSecurity()
+    app = create_app(service, web_ui, security)
     config = uvicorn.Config(
-        app, host=rest_host, port=rest_port, log_level="warning", lifespan="off"
+        app,
+        host=rest_host,
+        port=rest_port,
+        log_level="warning",
+        lifespan="off",
+        **security.uvicorn_options(),
     )
     server = uvicorn.Server(config)
 
@@ -64,7 +86,10 @@ async def serve(
             NotImplementedError, RuntimeError
         ):  # RuntimeError: not the main thread
             loop.add_signal_handler(sig, shut_down)
-    log.info("coordinator %s: REST on http://%s:%d", settings.instance_id, rest_host, rest_port)
+    log.info(
+        "coordinator %s: REST on %s://%s:%d", settings.instance_id, security.scheme, rest_host,
+        rest_port,
+    )  # fmt: skip
     # _serve, not serve: the loop's signal handlers above stop both the service and the server.
     api = asyncio.create_task(server._serve())
     try:
@@ -91,13 +116,16 @@ def tune_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def advertised_url(rest_host: str, rest_port: int, explicit: str | None) -> str:
+def advertised_url(
+    rest_host: str, rest_port: int, explicit: str | None, scheme: str = "http"
+) -> str:
     """Where other instances send requests for this instance's jobs: ``--advertised-rest-url``,
-    else the bind address, else (bound to every interface) this host's name."""
+    else the bind address, else (bound to every interface) this host's name; ``scheme``:
+    https when the endpoint serves TLS."""
     if explicit:
         return explicit.rstrip("/")
     host = socket.gethostname() if rest_host in ("0.0.0.0", "::", "") else rest_host
-    return f"http://{host}:{rest_port}"
+    return f"{scheme}://{host}:{rest_port}"
 
 
 def run(
@@ -109,7 +137,12 @@ def run(
     web_ui: WebUi | None = None,
     history_url: str | None = None,
     transactions_in_flight: int = 1,
+    security: RestSecurity | None = None,
 ) -> None:
+    """``security``: the REST endpoint's, over those of ``config_file``; checked before
+    anything starts (`sparkpoint.common.rest_security.SecuritySettingsError`)."""
+    security = (security or RestSecurity()).over(load_security(config_file))
+    security.check()
     defaults = load_defaults(config_file)
     defaults = dataclasses.replace(
         defaults,
@@ -119,18 +152,21 @@ def run(
     settings = ServiceSettings(
         bootstrap,
         defaults,
-        rest_url=advertised_url(rest_host, rest_port, advertised),
+        rest_url=advertised_url(rest_host, rest_port, advertised, security.scheme),
         history_url=history_url,
         transactions_in_flight=transactions_in_flight,
     )
+    scheme = security.scheme
     print(
-        f"coordinator {settings.instance_id}: REST at http://{rest_host}:{rest_port} "
+        f"coordinator {settings.instance_id}: REST at {scheme}://{rest_host}:{rest_port} "
         f"(advertised {settings.rest_url}), Kafka at {bootstrap}; storage roots "
         f"{defaults.checkpoint_dir} and {defaults.savepoint_dir}",
         flush=True,
     )
+    if security.configured:
+        print(f"REST security: {security.describe()}", flush=True)
     if web_ui is not None:
-        print(f"Flink's web dashboard at http://{rest_host}:{rest_port}/flink/", flush=True)
+        print(f"Flink's web dashboard at {scheme}://{rest_host}:{rest_port}/flink/", flush=True)
     service = CoordinatorService(settings)
     tune_collector()
-    asyncio.run(serve(service, rest_host, rest_port, web_ui))
+    asyncio.run(serve(service, rest_host, rest_port, web_ui, security))

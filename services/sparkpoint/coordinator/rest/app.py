@@ -10,11 +10,14 @@ The handlers are grouped as Flink groups its own (flink-runtime ``rest/handler/`
 (``job/``), `checkpoints` (``job/checkpoints/``), `savepoints` (``job/savepoints/``), `cluster`
 (``cluster/``), and `config` (FLIP-571's configuration update); each is built with the
 `RestContext` (`deps`) it may use. This module builds the app: Flink's paths (`FlinkPaths`),
-the error handlers and the routers.
+the security of the endpoint (`sparkpoint.common.rest_security`: authentication, roles, the
+audited principal; inside `FlinkPaths`, so it judges the path a request names after ``/v1`` and
+``/flink`` are stripped), the error handlers and the routers.
 """
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 from urllib.parse import quote
 
@@ -24,6 +27,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException
 
 from sparkpoint.common.flink_ids import is_flink_id
+from sparkpoint.common.rest_security import RestSecurity, install
 from sparkpoint.coordinator.rest import checkpoints, cluster, config, jobs, savepoints
 from sparkpoint.coordinator.rest.deps import NotHere, RestContext, error
 from sparkpoint.coordinator.rest.flink_compat import (
@@ -50,8 +54,12 @@ def hops(value: str | None) -> set[int]:
     return tried
 
 
-def create_app(ctx: RestContext, web_ui: WebUi | None = None) -> FastAPI:
-    """The API; ``web_ui``: Flink's dashboard, served at ``/flink/`` (`flink_compat`)."""
+def create_app(
+    ctx: RestContext, web_ui: WebUi | None = None, security: RestSecurity | None = None
+) -> FastAPI:
+    """The API; ``web_ui``: Flink's dashboard, served at ``/flink/`` (`flink_compat`);
+    ``security``: TLS, authentication and roles (none: every request is served, as before)."""
+    security = security or RestSecurity()
     app = CoordinatorApp(
         title="sparkpoint coordinator",
         version="1",
@@ -60,9 +68,11 @@ def create_app(ctx: RestContext, web_ui: WebUi | None = None) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
+    install(app, security)
     app.add_middleware(FlinkPaths, resolve=ctx.resolve, web_ui=web_ui)
     app.exception_handler(RequestValidationError)(invalid)
-    app.exception_handler(NotHere)(Elsewhere(ctx).answer)
+    tls = security.tls
+    app.exception_handler(NotHere)(Elsewhere(ctx, tls.peer_context() if tls else None).answer)
     app.exception_handler(TriggerIdInUse)(trigger_id_in_use)
     app.exception_handler(HTTPException)(http_error)
     # jobs first: its /jobs/overview before /jobs/{jobid}; no path of one group matches
@@ -90,10 +100,12 @@ async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse
 
 
 class Elsewhere:
-    """Answers `NotHere`: a job owned by another instance."""
+    """Answers `NotHere`: a job owned by another instance. ``peer_tls``: how to call another
+    instance over TLS when forwarding (None: the default trust)."""
 
-    def __init__(self, ctx: RestContext) -> None:
+    def __init__(self, ctx: RestContext, peer_tls: ssl.SSLContext | None = None) -> None:
         self.ctx = ctx
+        self.peer_tls = peer_tls
 
     async def answer(self, request: Request, exc: NotHere) -> Any:
         """307 to the same request there (method and body kept), or for Flink's clients, which
@@ -110,7 +122,8 @@ class Elsewhere:
             f"{quote(k)}={quote(v)}" for k, v in request.query_params.multi_items() if k != HOP
         )
         if FORWARD in request.scope:
-            return await forward(owner, request.scope, await request.body(), query, tried)
+            body = await request.body()
+            return await forward(owner, request.scope, body, query, tried, self.peer_tls)
         if is_flink_id(exc.job_id):
             hop = f"{HOP}={','.join(map(str, sorted(tried)))}"
             query = f"{query}&{hop}" if query else hop

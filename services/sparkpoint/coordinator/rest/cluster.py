@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, PlainTextResponse
 
+from sparkpoint.common.redaction import redact_options
 from sparkpoint.coordinator.rest import job_views, progress_views
 from sparkpoint.coordinator.rest.deps import RestContext, every_job, handles, routes
 from sparkpoint.coordinator.rest.flink_compat import cluster_overview, dashboard_config
@@ -117,8 +118,9 @@ class ClusterHandlers:
 
     @handles("GET", "/jobmanager/config", response_model=None, responses=answers(ConfigEntries))
     async def coordinator_config(self) -> list[dict[str, str]]:
-        """The instance's cluster-wide defaults, as Flink lists its configuration."""
-        defaults = self.ctx.settings.defaults.to_options()
+        """The instance's cluster-wide defaults, as Flink lists its configuration (a secret's
+        value redacted)."""
+        defaults = redact_options(self.ctx.settings.defaults.to_options())
         return [{"key": k, "value": str(v)} for k, v in sorted(defaults.items())]
 
     @handles("GET", "/metrics", response_class=PlainTextResponse)

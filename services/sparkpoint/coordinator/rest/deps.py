@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from sparkpoint.common.clock import Clock
 from sparkpoint.common.events import CheckpointSettings, SavepointFormat
 from sparkpoint.common.limits import MAX_TEXT
+from sparkpoint.common.rest_security import audited_principal
 from sparkpoint.common.settings import CheckpointConfig
 from sparkpoint.common.storage import PathOutsideRoots, Storage
 from sparkpoint.coordinator.service.owned import OwnedJob, TriggerRequest, UnknownJob
@@ -136,7 +137,12 @@ def directory_problem(ctx: RestContext, field: str, path: str | None) -> JSONRes
 
 
 def principal(request: Request, header: str | None) -> str:
-    """Who asks: the ``X-Sparkpoint-Principal`` header, else the client's address."""
+    """Who asks, for the audit: the principal the endpoint's security decided (the
+    authenticated one; `sparkpoint.common.rest_security`); with no security configured, the
+    ``X-Sparkpoint-Principal`` header, else the client's address."""
+    decided = audited_principal(request.scope)
+    if decided is not None:
+        return decided
     return header or f"anonymous@{request.client.host if request.client else 'unknown'}"
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import mimetypes
+import ssl
 import weakref
 import zipfile
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sparkpoint.common.flink_ids import is_flink_id
+from sparkpoint.common.rest_security import audited_principal
 
 log = logging.getLogger(__name__)
 
@@ -138,35 +140,58 @@ class FlinkPaths:
         await self.app(scope, receive, send)
 
 
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, httpx.AsyncClient]] = (
     weakref.WeakKeyDictionary()
 )
 
+FORWARDED_HEADERS = (
+    b"content-type", b"accept", b"x-sparkpoint-principal", b"x-request-id", b"authorization",
+)  # fmt: skip
+"""What a forwarded request keeps of the client's headers: its bearer token too, so the owning
+instance authenticates the client itself."""
 
-def http_client() -> httpx.AsyncClient:
-    """One client per event loop, kept: a new one loads the CA bundle (about 30 ms a request,
-    measured by bench/flink_rest.py) and opens a new connection."""
-    loop = asyncio.get_running_loop()
-    client = _clients.get(loop)
+
+def http_client(tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
+    """One client per event loop (and TLS context: ``tls``, None for the default trust), kept:
+    a new one loads the CA bundle (about 30 ms a request, measured by bench/flink_rest.py) and
+    opens a new connection."""
+    clients = _clients.setdefault(asyncio.get_running_loop(), {})
+    client = clients.get(id(tls))
     if client is None:
-        client = _clients[loop] = httpx.AsyncClient(timeout=30)
+        verify: ssl.SSLContext | bool = tls if tls is not None else True
+        client = clients[id(tls)] = httpx.AsyncClient(timeout=30, verify=verify)
     return client
 
 
-async def forward(owner: str, scope: Scope, body: bytes, query: str, tried: set[int]) -> Response:
+async def forward(
+    owner: str,
+    scope: Scope,
+    body: bytes,
+    query: str,
+    tried: set[int],
+    tls: ssl.SSLContext | None = None,
+) -> Response:
     """The owning instance's answer to the same request, for a Flink client that cannot follow
     a redirect; 503 in Flink's error shape when the owner cannot be reached. ``tried``: the
     partitions the request was sent on for, this hop's included (the next instance tries no
-    other partition than those left)."""
+    other partition than those left). ``tls``: how to call the owner over https (with mutual
+    TLS, this instance's certificate). The principal header is the one this instance audited,
+    when it authenticated the request: the owner believes it if this instance's address is one
+    of its trusted proxies."""
     url = httpx.URL(f"{owner}{scope[FORWARD]}" + (f"?{query}" if query else ""))
     headers = {
         k.decode("latin-1"): v.decode("latin-1")
         for k, v in scope.get("headers", [])
-        if k.lower() in (b"content-type", b"accept", b"x-sparkpoint-principal", b"x-request-id")
+        if k.lower() in FORWARDED_HEADERS
     }
+    audited = audited_principal(scope)
+    if audited is not None:
+        headers = {k: v for k, v in headers.items() if k.lower() != "x-sparkpoint-principal"}
+        headers["x-sparkpoint-principal"] = audited
     headers[FORWARDED_HEADER] = ",".join(map(str, sorted(tried)))
     try:
-        answer = await http_client().request(scope["method"], url, content=body, headers=headers)
+        client = http_client(tls)
+        answer = await client.request(scope["method"], url, content=body, headers=headers)
     except httpx.HTTPError as exc:
         log.warning(
             "forwarding %s %s to %s failed: %s", scope["method"], scope[FORWARD], owner, exc

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.flink_ids import flink_job_id
 from sparkpoint.common.options import without_effect
+from sparkpoint.common.redaction import redact_options
 from sparkpoint.common.restarts import RestartConfig
 from sparkpoint.common.settings import ConfigError
 
@@ -250,7 +251,9 @@ def restart_strategy(job: OwnedJob) -> str:
 
 def config(job: OwnedJob) -> dict[str, Any]:
     """``GET /jobs/{id}/config`` (Flink's JobConfigInfo), and what sparkpoint does with the
-    job's options: the effective checkpointing options, and those without effect here."""
+    job's options: the effective checkpointing options, and those without effect here (keys
+    only). A secret's value (a password, a token...: `sparkpoint.common.redaction`) is shown
+    redacted."""
     registration = job.registration
     return {
         "jid": flink_job_id(job.job_id),
@@ -260,7 +263,7 @@ def config(job: OwnedJob) -> dict[str, Any]:
             "restart-strategy": restart_strategy(job),
             "job-parallelism": registration.parallelism,
             "object-reuse-mode": False,
-            "user-config": dict(registration.configuration),
+            "user-config": redact_options(registration.configuration),
         },
         "sparkpoint": {
             "effective": job.core.config.to_options(),
