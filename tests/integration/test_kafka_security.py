@@ -15,17 +15,19 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sparkpoint.agent.example import ensure_topic, reference_output
+from sparkpoint.agent.example import ensure_topic, generate, payments, reference_output
 from sparkpoint.agent.rounds.stages import FetchTask, read_ranges
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.kafka import make_producer
 from sparkpoint.common.kafka_config import CONFIG_ENV, frozen
 from sparkpoint.history.credentials import faust_credentials
+from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
-from tests.integration.test_agent import difference, read_output, unique
+from tests.integration.test_agent import difference, read_output, run_in_process, unique
 from tests.integration.test_live_input import LiveProducer, agent, new_topic
 from tests.running_coordinator import Running, coordinator_in_thread, wait
 from tests.secure_kafka import SecureKafka, secure_kafka
@@ -141,6 +143,35 @@ def test_the_history_service_takes_the_same_properties(secured: SecureKafka) -> 
 
 
 # --- a job on it ---------------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_a_job_on_the_shared_spark_session_runs_exactly_and_spark_holds_no_secret(
+    secured: SecureKafka, coordinator: Running, spark: Any
+) -> None:
+    """The session's Python workers may have started before this module set the variable: the
+    tasks reach the broker with the properties they carry. Nothing of the configuration is in
+    Spark's own configuration (its environment page and event log), and the job's secret-named
+    option is redacted where the coordinator shows it."""
+    topic, output = new_topic(coordinator.bootstrap), unique("stats")
+    ensure_topic(coordinator.bootstrap, output)
+    assert generate(coordinator.bootstrap, topic, count=400) == 400
+    job = build(
+        unique("secured-inprocess"), topic, output,
+        settings={"fs.s3a.secret.key": secured.password},
+    )  # fmt: skip
+    status, _ = run_in_process(job, coordinator, spark)
+
+    assert status is JobStatus.FINISHED
+    got = read_output(coordinator.bootstrap, output)
+    expected = reference_output(payments(400), end_of_input=True)
+    assert got == expected, difference(got, expected)
+    conf = dict(spark.sparkContext.getConf().getAll())  # type: ignore[attr-defined]
+    assert not any(secured.password in v for v in conf.values())
+    assert conf.get("spark.redaction.regex", "").startswith("(?i)secret|password")
+    with coordinator.client() as client:
+        shown = client.get(f"/jobs/{job.id}/config").text
+    assert "fs.s3a.secret.key" in shown and secured.password not in shown
 
 
 @pytest.mark.spark

@@ -21,6 +21,7 @@ from sparkpoint.agent.spark.archive import (
     archive_path,
     with_archive,
 )
+from sparkpoint.common.redaction import SECRET_KEY
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,9 @@ def spark_session(
     from pyspark.errors import PySparkRuntimeError
 
     chosen = {**QUIET_DEFAULTS, **(settings or {})}
+    # Spark's UI environment page and event log show a matching key's value as redacted: the
+    # same keys as sparkpoint's own pages (Spark's default misses JAAS lines and key passwords)
+    chosen.setdefault("spark.redaction.regex", SECRET_KEY.pattern)
     # a URI: a bare path would resolve against the cluster's default file system (HDFS)
     chosen.setdefault("spark.scheduler.allocation.file", POOLS.resolve().as_uri())
     archive = archive_path() if class_archive else None
