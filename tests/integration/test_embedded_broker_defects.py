@@ -26,7 +26,6 @@ from sparkpoint.common.kafka import (
     ConsumerProfile,
     EventPublisher,
     EventSubscriber,
-    consumer_config,
     make_admin,
     make_consumer,
     make_producer,
@@ -206,14 +205,17 @@ def test_open_transaction_never_times_out(
 
 MANY = 14_000
 """Measured on a fresh broker: a 10 ms reader gets all of 8,000 within 5 s, but only 300-700
-of 12,000 (the cliff is in between); producing 14,000 takes about 3 s."""
+of 12,000 (the cliff is in between); producing 14,000 takes about 3 s. The starvation itself is
+not pinned: where the cliff lies depends on the machine's load (under a loaded run of the whole
+suite a 10 ms reader took all 14,000 in 5 s, twice), so a test of it failed by chance. The
+tests below guard the workaround, the profiles' longer waits."""
 
 
 @pytest.fixture(scope="module")
 def quiet_broker(kafka: KafkaUnderTest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A broker of this module's own when the one under test is embedded: the suite's broker,
     busy with every other module's topics, took 16-21 s to take `MANY` one-record batches (a
-    fresh one about 3 s), and its load would blur the cliff the fetch-wait test sits on."""
+    fresh one about 3 s)."""
     if not kafka.is_embedded:
         yield kafka.bootstrap
         return
@@ -235,15 +237,6 @@ def many_single_record_batches(quiet_broker: str) -> str:
             producer.poll(0)
     assert producer.flush(60) == 0
     return topic
-
-
-def test_a_10ms_fetch_wait_starves_a_reader_of_many_one_record_batches(
-    embedded_only: KafkaUnderTest, quiet_broker: str, many_single_record_batches: str
-) -> None:
-    live = Consumer(consumer_config(quiet_broker) | {"fetch.wait.max.ms": 10})
-    seen = values(live, many_single_record_batches, 5.0)
-    # Measured: ~16,600 of 20,000 in 30 s. With 20 ms or more, all of them in under a second.
-    assert len(seen) < MANY, len(seen)
 
 
 @pytest.mark.parametrize("profile", [ConsumerProfile.REPLAY, ConsumerProfile.LIVE])

@@ -11,7 +11,7 @@ sparkpoint designs around are pinned by tests/integration/test_embedded_broker_d
 - a crashed producer's open transaction never times out and holds back ``read_committed``
   readers (every transactional writer has a fixed ``transactional.id``, so its successor's
   ``init_transactions`` aborts it);
-- ``fetch.wait.max.ms`` of 10 ms starves a reader of many one-record batches (replays use the
+- ``fetch.wait.max.ms`` of 10 ms can starve a reader of many one-record batches (replays use the
   replay profile of `sparkpoint.common.kafka`);
 - ``create_partitions`` and ``delete_records`` fail, and compaction never runs.
 """
