@@ -22,6 +22,8 @@ from sparkpoint.cli.arguments import (
 from sparkpoint.common.kafka import bootstrap_servers, make_admin
 
 if TYPE_CHECKING:
+    from sparkpoint.client import Rest
+    from sparkpoint.common.rest_security import RestSecurity
     from sparkpoint.coordinator.rest.flink_compat import WebUi
 
 
@@ -58,12 +60,32 @@ def load_web_ui(path: Path | None) -> WebUi | int | None:
         return EXIT_USAGE
 
 
+def rest_security(args: argparse.Namespace) -> RestSecurity:
+    """The REST endpoint's security from a service's flags (`parser.add_rest_security`)."""
+    from sparkpoint.common.rest_security import RestSecurity
+
+    return RestSecurity(
+        args.rest_tls_cert,
+        args.rest_tls_key,
+        args.rest_tls_client_ca,
+        args.rest_access_file,
+        tuple(args.rest_trusted_proxy or ()),
+    )
+
+
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    from sparkpoint.coordinator.main import run
+    from sparkpoint.common.rest_security import SecuritySettingsError
+    from sparkpoint.coordinator.main import load_security, run
 
     web_ui = load_web_ui(args.flink_web_ui)
     if isinstance(web_ui, int):
         return web_ui
+    try:  # checked before Kafka is reached: a wrong file is said at once
+        security = rest_security(args).over(load_security(args.config))
+        security.check()
+    except SecuritySettingsError as exc:
+        print(f"sparkpoint: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     run(
         with_topics(reachable(args.bootstrap)),
         args.rest_host,
@@ -73,6 +95,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         web_ui,
         args.history_url,
         args.transactions_in_flight,
+        security,
     )
     return EXIT_OK
 
@@ -136,11 +159,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def coordinator_rest(args: argparse.Namespace) -> Rest:
+    """The coordinator a REST command talks to, with its credentials (`parser.rest_command`);
+    the token is registered as a secret, so no log line shows it."""
+    from sparkpoint.client import Credentials, Rest, rest_url
+    from sparkpoint.common.redaction import register_secrets
+
+    token = args.rest_token
+    if args.rest_token_file is not None:
+        try:
+            token = args.rest_token_file.read_text().strip()
+        except OSError as exc:
+            raise OperationFailed(
+                f"--rest-token-file {args.rest_token_file}: {exc.strerror}"
+            ) from None
+    credentials = Credentials.from_environment(token, args.rest_ca, args.rest_cert, args.rest_key)
+    register_secrets([credentials.token] if credentials.token else [])
+    return Rest(rest_url(args.rest), credentials)
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from sparkpoint.client import call, rest_url
     from sparkpoint.common.flink_ids import flink_job_id
 
-    jobs = call(rest_url(args.rest), "GET", "/jobs")["jobs"]
+    jobs = coordinator_rest(args).call("GET", "/jobs")["jobs"]
     say(f"{'id':<24} {'Flink JobID':<32} {'status':<10} {'parallelism':>11} {'restarts':>8}  name")
     for job in jobs:
         restarts = job.get("restarts", 0)
@@ -152,9 +193,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
-    from sparkpoint.client import call, rest_url
-
-    stats = call(rest_url(args.rest), "GET", f"/jobs/{args.job}/checkpoints")
+    stats = coordinator_rest(args).call("GET", f"/jobs/{args.job}/checkpoints")
     counts = stats["counts"]
     say(
         f"job {args.job}: {counts['completed']} completed, {counts['failed']} failed, "
@@ -177,28 +216,24 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
-    from sparkpoint.client import call, rest_url, wait_for_trigger
-
-    base = rest_url(args.rest)
-    request_id = call(base, "POST", f"/jobs/{args.job}/checkpoints", {})["request-id"]
-    operation = wait_for_trigger(base, f"/jobs/{args.job}/checkpoints/{request_id}", args.timeout)
-    details = call(base, "GET", f"/jobs/{args.job}/checkpoints/details/{operation['checkpointId']}")
+    rest = coordinator_rest(args)
+    request_id = rest.call("POST", f"/jobs/{args.job}/checkpoints", {})["request-id"]
+    operation = rest.wait_for_trigger(f"/jobs/{args.job}/checkpoints/{request_id}", args.timeout)
+    details = rest.call("GET", f"/jobs/{args.job}/checkpoints/details/{operation['checkpointId']}")
     say(details.get("external_path") or str(operation["checkpointId"]))
     return EXIT_OK
 
 
 def cmd_savepoint(args: argparse.Namespace) -> int:
-    from sparkpoint.client import call, rest_url, wait_for_trigger
-
-    base = rest_url(args.rest)
+    rest = coordinator_rest(args)
     if args.dispose:
         if args.job or args.target_dir:
             raise OperationFailed("--dispose PATH takes no JOB or TARGET_DIR")
-        answer = call(base, "POST", "/savepoint-disposal", {"savepoint-path": args.dispose})
+        answer = rest.call("POST", "/savepoint-disposal", {"savepoint-path": args.dispose})
         operation = answer.get("operation")
         if operation is None:
-            operation = wait_for_trigger(
-                base, f"/savepoint-disposal/{answer['request-id']}", args.timeout
+            operation = rest.wait_for_trigger(
+                f"/savepoint-disposal/{answer['request-id']}", args.timeout
             )
         if "failure-cause" in operation:
             raise OperationFailed(f"disposing {args.dispose} failed: {operation['failure-cause']}")
@@ -207,34 +242,26 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     if not args.job:
         raise OperationFailed("a JOB is needed (or --dispose PATH)")
     body = {"target-directory": args.target_dir, "cancel-job": False}
-    request_id = call(base, "POST", f"/jobs/{args.job}/savepoints", body)["request-id"]
+    request_id = rest.call("POST", f"/jobs/{args.job}/savepoints", body)["request-id"]
     say(
-        wait_for_trigger(base, f"/jobs/{args.job}/savepoints/{request_id}", args.timeout)[
-            "location"
-        ]
+        rest.wait_for_trigger(f"/jobs/{args.job}/savepoints/{request_id}", args.timeout)["location"]
     )
     return EXIT_OK
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from sparkpoint.client import call, rest_url, wait_for_trigger
-
-    base = rest_url(args.rest)
+    rest = coordinator_rest(args)
     body = {"targetDirectory": args.savepoint, "drain": args.drain}
-    request_id = call(base, "POST", f"/jobs/{args.job}/stop", body)["request-id"]
+    request_id = rest.call("POST", f"/jobs/{args.job}/stop", body)["request-id"]
     say(
-        wait_for_trigger(base, f"/jobs/{args.job}/savepoints/{request_id}", args.timeout)[
-            "location"
-        ]
+        rest.wait_for_trigger(f"/jobs/{args.job}/savepoints/{request_id}", args.timeout)["location"]
     )
     return EXIT_OK
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """As ``flink cancel``: the agent ends the job CANCELED (no savepoint)."""
-    from sparkpoint.client import call, rest_url
-
-    call(rest_url(args.rest), "PATCH", f"/jobs/{args.job}?mode=cancel")
+    coordinator_rest(args).call("PATCH", f"/jobs/{args.job}?mode=cancel")
     say(f"cancelled job {args.job}: its agent ends it CANCELED at the end of its current round")
     return EXIT_OK
 
@@ -251,18 +278,16 @@ CONFIG_OPTIONS = {
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from sparkpoint.client import call, rest_url
-
-    base = rest_url(args.rest)
+    rest = coordinator_rest(args)
     changes = {
         rest: getattr(args, name)
         for name, (rest, _) in CONFIG_OPTIONS.items()
         if getattr(args, name) is not None
     }
     if changes:
-        config = call(base, "PATCH", f"/jobs/{args.job}/checkpoints/configuration", changes)
+        config = rest.call("PATCH", f"/jobs/{args.job}/checkpoints/configuration", changes)
     else:
-        config = call(base, "GET", f"/jobs/{args.job}/checkpoints/config")
+        config = rest.call("GET", f"/jobs/{args.job}/checkpoints/config")
     for key, value in config.items():
         say(f"{key}: {json.dumps(value)}")
     return EXIT_OK

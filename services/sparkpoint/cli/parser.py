@@ -107,7 +107,60 @@ def add_coordinator_command(commands: Any) -> None:
         "others wait their turn and commit what queued meanwhile together (default 1: on the "
         "embedded broker concurrent transactions slow each other down)",
     )
+    add_rest_security(coordinator)
     coordinator.set_defaults(run=cmd_coordinator)
+
+
+def rest_proxy(text: str) -> object:
+    """A trusted proxy's address or network (``--rest-trusted-proxy``)."""
+    from sparkpoint.common.rest_security import SecuritySettingsError, proxy_network
+
+    try:
+        return proxy_network(text)
+    except SecuritySettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_rest_security(service: argparse.ArgumentParser) -> None:
+    """The REST endpoint's TLS and authentication (docs/security.md); each also a key of the
+    service's YAML configuration, which a flag overrides."""
+    group = service.add_argument_group(
+        "REST security", "TLS, mutual TLS and bearer tokens for the REST API (docs/security.md)"
+    )
+    group.add_argument(
+        "--rest-tls-cert",
+        type=Path,
+        metavar="PEM",
+        help="serve https with this certificate (chain) (security.ssl.rest.certificate)",
+    )
+    group.add_argument(
+        "--rest-tls-key",
+        type=Path,
+        metavar="PEM",
+        help="the certificate's unencrypted private key (security.ssl.rest.private-key)",
+    )
+    group.add_argument(
+        "--rest-tls-client-ca",
+        type=Path,
+        metavar="PEM",
+        help="mutual TLS: every client presents a certificate one of these CAs signed; its "
+        "subject CN is the principal (security.ssl.rest.client-ca)",
+    )
+    group.add_argument(
+        "--rest-access-file",
+        type=Path,
+        metavar="FILE",
+        help="YAML or JSON: bearer tokens (their SHA-256) and client certificates, each with a "
+        "role, read or operate; read again when it changes (security.rest.access-file)",
+    )
+    group.add_argument(
+        "--rest-trusted-proxy",
+        action="append",
+        type=rest_proxy,
+        metavar="ADDRESS",
+        help="an address or network (repeatable) whose X-Sparkpoint-Principal header is believed "
+        "as the audited principal (security.rest.trusted-proxies)",
+    )
 
 
 def add_history_command(commands: Any) -> None:
@@ -198,11 +251,42 @@ def add_generate_command(commands: Any) -> None:
 
 
 def rest_command(commands: Any, name: str, help_text: str) -> argparse.ArgumentParser:
-    """A command that talks to a coordinator's REST API (``--rest``)."""
+    """A command that talks to a coordinator's REST API (``--rest``), secured or not."""
     command: argparse.ArgumentParser = commands.add_parser(name, help=help_text)
     command.add_argument(
         "--rest",
         help="coordinator REST address (default: $SPARKPOINT_REST, else http://127.0.0.1:8081)",
+    )
+    credentials = command.add_argument_group(
+        "a secured coordinator", "credentials and trust for https (docs/security.md)"
+    )
+    token = credentials.add_mutually_exclusive_group()
+    token.add_argument(
+        "--rest-token",
+        metavar="TOKEN",
+        help="bearer token (default: $SPARKPOINT_REST_TOKEN; other users of the machine may "
+        "see a command line: prefer the variable or --rest-token-file)",
+    )
+    token.add_argument(
+        "--rest-token-file", type=Path, metavar="FILE", help="read the bearer token from FILE"
+    )
+    credentials.add_argument(
+        "--rest-ca",
+        type=Path,
+        metavar="PEM",
+        help="CA certificates to trust for https (default: $SPARKPOINT_REST_CA, else the system's)",
+    )
+    credentials.add_argument(
+        "--rest-cert",
+        type=Path,
+        metavar="PEM",
+        help="client certificate for mutual TLS (default: $SPARKPOINT_REST_CERT)",
+    )
+    credentials.add_argument(
+        "--rest-key",
+        type=Path,
+        metavar="PEM",
+        help="its private key, if not in the certificate's file (default: $SPARKPOINT_REST_KEY)",
     )
     return command
 

@@ -246,8 +246,7 @@ def authenticate(
         return identity
     return Refusal(
         401,
-        "authentication required: send Authorization: Bearer <token>"
-        " (sparkpoint --rest-token, or $SPARKPOINT_REST_TOKEN)",
+        "authentication required: send Authorization: Bearer <token>",
         BEARER_CHALLENGE,
     )
 
