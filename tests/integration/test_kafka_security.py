@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import uuid
@@ -28,8 +27,8 @@ from sparkpoint.history.credentials import faust_credentials
 from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_agent import difference, read_output, run_in_process, unique
-from tests.integration.test_live_input import LiveProducer, agent, new_topic
-from tests.running_coordinator import Running, coordinator_in_thread, wait
+from tests.integration.test_live_input import exactly_once_through, new_topic
+from tests.running_coordinator import Running, coordinator_in_thread
 from tests.secure_kafka import SecureKafka, secure_kafka
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,35 +178,6 @@ def test_exactly_once_through_kill_points_on_a_secured_broker(
     secured: SecureKafka, coordinator: Running
 ) -> None:
     """The agents (processes) read the configuration through SPARKPOINT_KAFKA_CONFIG, as the
-    `sparkpoint` command passes it on; the producer writes the whole time."""
-    topic, output, name = new_topic(coordinator.bootstrap), unique("stats"), unique("secured")
-    ensure_topic(coordinator.bootstrap, output)
-    producer = LiveProducer(coordinator.bootstrap, topic, linger_ms=20).start()
-    try:
-        for point in ("after-ack:2", "mid-publish"):
-            process = agent(coordinator, name, topic, output, point)
-            _, err = process.communicate(timeout=240)
-            assert process.returncode == -signal.SIGKILL, f"{point}:\n{err[-3000:]}"
-    finally:
-        written = producer.stop()
-    expected = reference_output(written, end_of_input=True)
-    last = agent(coordinator, name, topic, output, None)
-    try:
-        totals = {row for row in expected if row[0] == "total"}
-        wait(
-            lambda: totals <= set(read_output(coordinator.bootstrap, output)), 180,
-            "every payment's total committed",
-        )  # fmt: skip
-        with coordinator.client() as client:
-            body = {"targetDirectory": str(coordinator.root / "savepoints"), "drain": True}
-            assert client.post(f"/jobs/{name}/stop", json=body).status_code == 200
-        _, err = last.communicate(timeout=120)
-    finally:
-        if last.poll() is None:
-            last.kill()
-    assert last.returncode == 0, err[-3000:]
-    got = read_output(coordinator.bootstrap, output)
-    assert got == expected, difference(got, expected)
-    with coordinator.client() as client:
-        assert client.get(f"/jobs/{name}").json()["state"] == JobStatus.FINISHED.name
-    assert secured.password not in err  # the agents' verbose logs
+    `sparkpoint` command passes it on; a producer writes the whole time."""
+    log = exactly_once_through(coordinator, unique("secured"), ("after-ack:2", "mid-publish"))
+    assert secured.password not in log  # the last agent's verbose log

@@ -324,17 +324,17 @@ def agent(
 KILL_POINTS = ("mid-batch-after-complete:2", "after-ack:2", "mid-publish", "after-complete:2")
 
 
-@pytest.mark.spark
-def test_exactly_once_through_kill_points_while_a_producer_writes(coordinator: Running) -> None:
-    """The agent kills itself at each point in turn and is started again with ``--restore
-    latest``, while payments keep arriving; then the producer stops, the job catches up, and
-    stop-with-savepoint ``--drain`` ends it. The committed output is exactly the reference of
-    every payment written (its windows fired by the drain)."""
-    topic, output, name = new_topic(coordinator.bootstrap), unique("stats"), unique("killed-live")
+def exactly_once_through(coordinator: Running, name: str, points: tuple[str, ...]) -> str:
+    """The agent of job ``name`` kills itself at each of ``points`` in turn and is started
+    again with ``--restore latest``, while payments keep arriving; then the producer stops, the
+    job catches up, and stop-with-savepoint ``--drain`` ends it. Asserts the committed output is
+    exactly the reference of every payment written (its windows fired by the drain) and the
+    job FINISHED; returns the last agent's log."""
+    topic, output = new_topic(coordinator.bootstrap), unique("stats")
     ensure_topic(coordinator.bootstrap, output)
     producer = LiveProducer(coordinator.bootstrap, topic, linger_ms=20).start()
     try:
-        for point in KILL_POINTS:
+        for point in points:
             process = agent(coordinator, name, topic, output, point)
             _, err = process.communicate(timeout=240)
             assert process.returncode == -signal.SIGKILL, (
@@ -343,7 +343,7 @@ def test_exactly_once_through_kill_points_while_a_producer_writes(coordinator: R
     finally:
         written = producer.stop()
     expected = reference_output(written, end_of_input=True)
-    last = process = agent(coordinator, name, topic, output, None)
+    last = agent(coordinator, name, topic, output, None)
     try:
         totals = {row for row in expected if row[0] == "total"}
         wait(
@@ -355,10 +355,16 @@ def test_exactly_once_through_kill_points_while_a_producer_writes(coordinator: R
             assert client.post(f"/jobs/{name}/stop", json=body).status_code == 200
         _, err = last.communicate(timeout=120)
     finally:
-        if process.poll() is None:
-            process.kill()
+        if last.poll() is None:
+            last.kill()
     assert last.returncode == 0, err[-3000:]
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
     with coordinator.client() as client:
         assert client.get(f"/jobs/{name}").json()["state"] == JobStatus.FINISHED.name
+    return err
+
+
+@pytest.mark.spark
+def test_exactly_once_through_kill_points_while_a_producer_writes(coordinator: Running) -> None:
+    exactly_once_through(coordinator, unique("killed-live"), KILL_POINTS)
