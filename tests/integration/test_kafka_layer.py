@@ -13,16 +13,15 @@ from confluent_kafka import KafkaException, TopicPartition
 from sparkpoint.common.avro import MAGIC, EventCodec
 from sparkpoint.common.kafka import (
     ConsumerProfile,
-    ErrorKind,
     EventPublisher,
     EventSubscriber,
     Malformed,
     Received,
-    classify,
     make_consumer,
     make_producer,
     read_to_end,
 )
+from sparkpoint.common.kafka_errors import ErrorKind, classify
 from tests import factories
 from tests.conftest import KafkaUnderTest
 

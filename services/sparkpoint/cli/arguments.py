@@ -8,7 +8,8 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 
 from sparkpoint.common.broker import BrokerError, wait_for_metadata
-from sparkpoint.common.kafka import CONNECTION_ERRORS, bootstrap_servers, make_admin
+from sparkpoint.common.kafka import bootstrap_servers, make_admin
+from sparkpoint.common.kafka_errors import CONNECTION_ERRORS
 from sparkpoint.common.options import parse_memory
 
 DEFAULT_HISTORY_URL = "http://127.0.0.1:8082"

@@ -34,7 +34,8 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from sparkpoint.common.kafka import CONNECTION_ERRORS, make_admin
+from sparkpoint.common.kafka import make_admin
+from sparkpoint.common.kafka_errors import CONNECTION_ERRORS
 
 log = logging.getLogger(__name__)
 
