@@ -11,8 +11,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +22,24 @@ import pytest
 
 from sparkpoint.agent.example import ensure_topic, generate, payments, reference_output
 from sparkpoint.agent.rounds.stages import FetchTask, read_ranges
-from sparkpoint.common.events import JobStatus
-from sparkpoint.common.kafka import make_producer
-from sparkpoint.common.kafka_config import CONFIG_ENV, frozen
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.events import (
+    CheckpointEventType,
+    CheckpointLifecycleEvent,
+    JobStatus,
+    SnapshotType,
+)
+from sparkpoint.common.kafka import EventPublisher, make_producer
+from sparkpoint.common.kafka_config import CONFIG_ENV, KafkaConfigError, frozen
+from sparkpoint.common.topics import CHECKPOINT_EVENTS
 from sparkpoint.history.credentials import faust_credentials
 from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_agent import difference, read_output, run_in_process, unique
+from tests.integration.test_history_service import served
 from tests.integration.test_live_input import exactly_once_through, new_topic
-from tests.running_coordinator import Running, coordinator_in_thread
+from tests.running_coordinator import Running, coordinator_in_thread, wait
+from tests.running_history import HistoryProcess
 from tests.secure_kafka import SecureKafka, secure_kafka
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,11 +144,34 @@ def test_a_read_task_carries_its_properties_where_no_configuration_file_is(
     assert read.next_offset == 50 and len(read.values) == 50
 
 
-def test_the_history_service_takes_the_same_properties(secured: SecureKafka) -> None:
-    credentials = faust_credentials(secured.properties)
-    assert type(credentials).__name__ == "SASLCredentials"
-    assert credentials.mechanism.value == "SCRAM-SHA-512"  # type: ignore[attr-defined]
-    assert credentials.ssl_context is not None  # type: ignore[attr-defined]
+def test_the_history_service_folds_events_from_a_secured_broker(
+    secured: SecureKafka, coordinator: Running, tmp_path: Path
+) -> None:
+    """faust and aiokafka take the same file: TLS with the client certificate, SCRAM-SHA-512."""
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    publisher = EventPublisher(make_producer(secured.bootstrap), EventCodec())
+    now = int(time.time() * 1000)
+    triggered = CheckpointLifecycleEvent(
+        job, 1, 1, CheckpointEventType.TRIGGERED, SnapshotType.CHECKPOINT, now
+    )
+    done = replace(triggered, event_type=CheckpointEventType.COMPLETED, timestamp=now + 5)
+    for event in (triggered, done):
+        publisher.publish_sync(CHECKPOINT_EVENTS, job, event)
+    publisher.close()
+    history = HistoryProcess(secured.bootstrap, tmp_path)
+    try:
+        history.start().wait_ready()
+        wait(lambda: (served(history, job) or {}).get("events") == 2, what="folded")
+    finally:
+        history.kill()
+    assert secured.password not in (tmp_path / "history-1.log").read_text(errors="replace")
+
+
+def test_the_history_service_refuses_what_aiokafka_cannot_honour() -> None:
+    with pytest.raises(KafkaConfigError, match=r"sasl\.mechanism=GSSAPI"):
+        faust_credentials({"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"})
+    with pytest.raises(KafkaConfigError, match=r"ssl\.keystore\.location"):
+        faust_credentials({"security.protocol": "SSL", "ssl.keystore.location": "/k.p12"})
     assert faust_credentials({}) is None
 
 

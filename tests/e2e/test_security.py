@@ -1,0 +1,85 @@
+"""The demo, run as a user runs it, against a secured Kafka: the embedded broker behind its front
+with TLS, a client certificate required and SCRAM-SHA-512 (tests/secure_kafka.py). `sparkpoint
+demo --kafka-config FILE` hands the file to every process it starts (history service, coordinator,
+generator, agent and the agent's Spark tasks); the job's output is committed; and the password
+appears in no log of the run and in no record of any topic."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from sparkpoint.common.broker import free_port
+from sparkpoint.common.kafka import consumer_config
+from sparkpoint.common.kafka_config import CONFIG_ENV
+from tests.secure_kafka import secure_kafka
+
+SPARKPOINT = str(Path(sys.executable).parent / "sparkpoint")
+
+
+def every_record(bootstrap: str, properties: dict[str, str]) -> list[bytes]:
+    """Keys, values and headers of every record of every topic on the broker."""
+    consumer = Consumer(consumer_config(bootstrap, properties=properties))
+    try:
+        topics = consumer.list_topics(timeout=10).topics
+        partitions = [
+            TopicPartition(t, p, 0) for t, meta in topics.items() for p in meta.partitions
+        ]
+        ends = {
+            (tp.topic, tp.partition): consumer.get_watermark_offsets(tp, 10, cached=False)[1]
+            for tp in partitions
+        }
+        consumer.assign([tp for tp in partitions if ends[(tp.topic, tp.partition)] > 0])
+        found: list[bytes] = []
+        deadline = time.monotonic() + 60
+        quiet = 0
+        while time.monotonic() < deadline and quiet < 3:
+            batch = consumer.consume(10_000, 1.0)
+            quiet = 0 if batch else quiet + 1
+            for message in batch:
+                if message.error() is None:
+                    found += [message.key() or b"", message.value() or b""]
+                    found += [v or b"" for _, v in message.headers() or []]
+        return found
+    finally:
+        consumer.close()
+
+
+@pytest.mark.spark
+def test_the_demo_runs_end_to_end_on_a_secured_kafka_and_leaks_no_secret(tmp_path: Path) -> None:
+    with secure_kafka(tmp_path) as kafka:
+        port = free_port()
+        env = {
+            k: v for k, v in os.environ.items() if k not in (CONFIG_ENV, "KAFKA_BOOTSTRAP_SERVERS")
+        }
+        result = subprocess.run(
+            [
+                SPARKPOINT, "demo", "--once", "--rest-port", str(port),
+                "--bootstrap", kafka.bootstrap, "--kafka-config", str(kafka.config),
+            ],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, check=False,
+        )  # fmt: skip
+
+        assert result.returncode == 0, result.stdout + result.stderr
+        committed = re.search(r"^output committed: (\d+) records", result.stdout, re.M)
+        assert committed and int(committed.group(1)) > 0, result.stdout
+        logs = {
+            path.name: path.read_text(errors="replace")
+            for path in (tmp_path / ".sparkpoint" / "demo").glob("*.log")
+        }
+        assert set(logs) >= {"coordinator.log", "agent.log", "generator.log", "history.log"}
+        records = every_record(kafka.bootstrap, kafka.properties)
+
+    secret = kafka.password
+    assert secret not in result.stdout + result.stderr
+    leaked = [name for name, text in logs.items() if secret in text]
+    assert leaked == []
+    assert len(records) > 1000  # the input, the output, and every sparkpoint topic's events
+    assert not any(secret.encode() in record for record in records)
