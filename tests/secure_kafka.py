@@ -1,6 +1,6 @@
-"""A secured embedded broker for tests: TLS with a throwaway CA (trustme), a client certificate
-required, and SCRAM-SHA-512 users, behind the broker's front (common/broker_front.py); and the
-librdkafka properties files a client needs to reach it, or to fail to."""
+"""A secured embedded broker for tests: TLS with a throwaway CA (common/dev_certs.py), a client
+certificate required, and SCRAM-SHA-512 users, behind the broker's front (common/broker_front.py);
+and the librdkafka properties files a client needs to reach it, or to fail to."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import trustme
-
 from sparkpoint.common.broker import BrokerSecurity, EmbeddedBroker
+from sparkpoint.common.dev_certs import make_dev_certs
 
 USER = "sparkpoint"
 
@@ -52,17 +51,11 @@ class SecureKafka:
 
 @contextmanager
 def secure_kafka(files: Path) -> Iterator[SecureKafka]:
-    ca = trustme.CA()
-    ca.cert_pem.write_to_path(str(files / "ca.pem"))
-    ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(
-        str(files / "broker.pem")
-    )
-    client = ca.issue_cert("sparkpoint-agent@example.com", common_name="sparkpoint-agent")
-    client.cert_chain_pems[0].write_to_path(str(files / "client.pem"))
-    client.private_key_pem.write_to_path(str(files / "client.key"))
-    trustme.CA().cert_pem.write_to_path(str(files / "other-ca.pem"))
+    certs = make_dev_certs(files, ["127.0.0.1", "localhost"], ["client"])
+    make_dev_certs(files / "other", ["127.0.0.1"], [])
+    (files / "other-ca.pem").write_bytes((files / "other" / "ca.pem").read_bytes())
     password = f"scram-{uuid.uuid4().hex}"
-    broker_pem = str(files / "broker.pem")
-    security = BrokerSecurity(broker_pem, broker_pem, str(files / "ca.pem"), {USER: password})
+    server = str(certs.server)
+    security = BrokerSecurity(server, server, str(certs.ca), {USER: password})
     with EmbeddedBroker(security=security, log_file=files / "broker.log") as broker:
         yield SecureKafka(broker.bootstrap, files, password, broker)
