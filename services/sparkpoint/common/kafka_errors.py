@@ -98,10 +98,14 @@ _WHEN = re.compile(r"\s*\(after \d+ms in state \w+(?:, \d+ identical error\(s\) 
 """librdkafka's timing of an error, which changes at every retry of the same cause."""
 
 
+_BROKER = re.compile(r"^\w+://[^ ]+: ")
+"""The broker a librdkafka error starts with (``sasl_ssl://host:9092/1: ``), whose protocol's
+name says nothing of the cause."""
+
+SECURITY_CAUSES = ("sasl authentication", "ssl handshake", "certificate", "authentication failed")
+
+
 def _looks_like_security(text: str) -> bool:
     """librdkafka reports some of these as transport errors of the connection they ended."""
-    lowered = text.lower()
-    return any(
-        cause in lowered
-        for cause in ("sasl", "ssl handshake", "certificate", "authentication", "tls")
-    )
+    cause = _BROKER.sub("", text).lower()
+    return any(words in cause for words in SECURITY_CAUSES)
