@@ -164,19 +164,38 @@ def test_a_read_stops_at_its_time_bound_says_more_may_follow_and_the_next_goes_o
     """A backlog far larger than a round can read in its time: the read stops at its bound,
     flagged early (the partition is read again at once), and the next read goes on from there."""
     topic = new_topic(kafka.bootstrap, partitions=1)
-    producer = Producer(producer_config(kafka.bootstrap) | {"linger.ms": 50})
-    for payment in payments(100_000):
+    producer = Producer(producer_config(kafka.bootstrap) | {"linger.ms": 5, "batch.size": 1_000})
+    for payment in payments(50_000):
         producer.produce(topic, payment.to_json(), partition=0)
         producer.poll(0)
     assert producer.flush(60) == 0
     until = high_watermark(kafka.bootstrap, topic, 0)
+    # fetches of one small batch each: the backlog takes thousands of round trips, far beyond
+    # the bound on any machine (with the defaults a fast machine reads 100,000 records in 0.15 s)
+    slow = (
+        ("message.max.bytes", "1000"),
+        ("fetch.max.bytes", "1000"),
+        ("max.partition.fetch.bytes", "1"),
+    )
     # the worker's kept consumer meets the new topic first (learning of a topic takes it 0.4-1 s)
-    read_ranges([task(kafka.bootstrap, topic, 0, 0, until=1, max_duration_s=30)])
-    (first,) = read_ranges([task(kafka.bootstrap, topic, 0, 0, until=until, max_duration_s=0.15)])
-    assert first.early and 0 < len(first.offsets) < 100_000
+    read_ranges([task(kafka.bootstrap, topic, 0, 0, until=1, max_duration_s=30, properties=slow)])
+    (first,) = read_ranges(
+        [task(kafka.bootstrap, topic, 0, 0, until=until, max_duration_s=0.2, properties=slow)]
+    )
+    assert first.early and 0 < len(first.offsets) < 50_000
     assert first.offsets == list(range(len(first.offsets)))
     (after,) = read_ranges(
-        [task(kafka.bootstrap, topic, 0, first.next_offset, until=until, max_duration_s=1.0)]
+        [
+            task(
+                kafka.bootstrap,
+                topic,
+                0,
+                first.next_offset,
+                until=until,
+                max_duration_s=1.0,
+                properties=slow,
+            )
+        ]
     )
     assert after.offsets and after.offsets[0] == first.next_offset
 
