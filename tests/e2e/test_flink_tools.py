@@ -4,6 +4,11 @@ package lists, savepoints, disposes, stops with a savepoint and cancels the exam
 savepoint; Flink's web dashboard, served by the coordinator, loads every page in headless
 Chromium without a failed request.
 
+Flink's CLI over TLS: with ``security.ssl.rest.*`` (PKCS12 keystore and truststore) it lists,
+savepoints and cancels against a coordinator with mutual TLS, as its certificate's principal; a
+certificate with the read role is refused (403, shown by the CLI); a bearer token sent through
+``FLINK_REST_CLIENT_HEADERS`` names the principal; the web UI is served over mutual TLS.
+
 Skipped, saying so, when the `apache-flink` package is absent (844 MB, not a dependency):
 ``make compat`` installs it into .venv-compat (with Playwright) and runs this module.
 """
@@ -18,7 +23,7 @@ import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +34,14 @@ from sparkpoint.agent.runtime import Agent, AgentOptions
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.flink_ids import flink_job_id
+from sparkpoint.common.rest_security import RestSecurity
 from sparkpoint.coordinator.rest.flink_compat import WebUi
 from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_agent import difference, read_output
+from tests.rest_tls import OPERATE_TOKEN, Pki, Secured, secured_coordinator, write_access_list
 from tests.running_coordinator import Running, coordinator_in_thread, wait
+from tests.scripted_agent import ScriptedAgent
 
 pytestmark = pytest.mark.spark
 
@@ -62,23 +70,32 @@ if shutil.which("java") is None:
 
 @dataclass
 class Flink:
-    """The real ``flink`` command, against the coordinator's REST address."""
+    """The real ``flink`` command, against the coordinator's REST address; ``conf``: a
+    configuration folder (FLINK_CONF_DIR) instead of the package's, ``env``: more variables."""
 
     home: Path
     address: str
+    conf: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, *args: str) -> str:
+        done = self.run(*args)
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, f"flink {' '.join(args)}:\n{out[-3000:]}"
+        return out
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         java = Path(shutil.which("java") or "java").resolve().parents[1]
-        done = subprocess.run(
+        env = dict(os.environ, JAVA_HOME=str(java), **self.env)
+        if self.conf is not None:
+            env["FLINK_CONF_DIR"] = str(self.conf)
+        return subprocess.run(
             [str(self.home / "bin" / "flink"), args[0], "-m", self.address, *args[1:]],
             capture_output=True,
             text=True,
             timeout=120,
-            env=dict(os.environ, JAVA_HOME=str(java)),
+            env=env,
         )
-        out = done.stdout + done.stderr
-        assert done.returncode == 0, f"flink {' '.join(args)}:\n{out[-3000:]}"
-        return out
 
 
 def flink_dist(home: Path) -> Path:
@@ -229,3 +246,125 @@ def test_flinks_dashboard_loads_every_page_with_no_failed_request(
         assert "COMPLETED" in shown.get("history", "").upper(), shown
     finally:
         agent.stop()
+
+
+# Flink's CLI over TLS: security.ssl.rest.* in a Flink configuration, against a coordinator with
+# mutual TLS (sparkpoint coordinator --rest-tls-cert/--rest-tls-key/--rest-tls-client-ca).
+
+STORE_PASSWORD = "flink-store-password"
+FLINK_CIPHER_SUITES = (
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384", "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384", "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+)  # fmt: skip
+
+
+def pkcs12_stores(pki: Pki, common_name: str, folder: Path) -> tuple[Path, Path]:
+    """Java's keystore (the client certificate ``common_name`` and its key) and truststore (the
+    CA), PKCS12, as Flink's ``security.ssl.rest.keystore`` and ``truststore`` take them."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import (
+        BestAvailableEncryption,
+        load_pem_private_key,
+        pkcs12,
+    )
+
+    cert_file, key_file = pki.client(common_name)
+    key = load_pem_private_key(key_file.read_bytes(), password=None)
+    ca = x509.load_pem_x509_certificate(pki.ca_file.read_bytes())
+    encryption = BestAvailableEncryption(STORE_PASSWORD.encode())
+    keystore, truststore = folder / f"{common_name}.p12", folder / "truststore.p12"
+    keystore.write_bytes(
+        pkcs12.serialize_key_and_certificates(
+            common_name.encode(), key, x509.load_pem_x509_certificate(cert_file.read_bytes()),  # type: ignore[arg-type]
+            [ca], encryption,
+        )
+    )  # fmt: skip
+    truststore.write_bytes(
+        pkcs12.serialize_java_truststore([pkcs12.PKCS12Certificate(ca, b"ca")], encryption)
+    )
+    return keystore, truststore
+
+
+def flink_tls_conf(home: Path, keystore: Path, truststore: Path, folder: Path) -> Path:
+    """A Flink configuration folder: the package's config.yaml with REST over mutual TLS."""
+    folder.mkdir()
+    for name in ("log4j-cli.properties", "logback.xml"):
+        shutil.copy(home / "conf" / name, folder / name)
+    stores = {
+        # Flink's default, TLS_RSA_WITH_AES_128_CBC_SHA (no forward secrecy, SHA-1), is one
+        # Python's TLS (OpenSSL 3, security level 2) does not offer: name current suites
+        "security.ssl.algorithms": ",".join(FLINK_CIPHER_SUITES),
+        "security.ssl.rest.enabled": "true",
+        "security.ssl.rest.authentication-enabled": "true",
+        "security.ssl.rest.keystore": str(keystore),
+        "security.ssl.rest.keystore-type": "PKCS12",
+        "security.ssl.rest.keystore-password": STORE_PASSWORD,
+        "security.ssl.rest.key-password": STORE_PASSWORD,
+        "security.ssl.rest.truststore": str(truststore),
+        "security.ssl.rest.truststore-type": "PKCS12",
+        "security.ssl.rest.truststore-password": STORE_PASSWORD,
+    }
+    config = (home / "conf" / "config.yaml").read_text()
+    config += "\n" + "\n".join(f"{key}: {value}" for key, value in stores.items()) + "\n"
+    (folder / "config.yaml").write_text(config)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def mutual_tls(
+    kafka: KafkaUnderTest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Secured]:
+    """A coordinator with mutual TLS: ``oncall`` reads, every other certificate operates; bearer
+    tokens too (`tests.rest_tls`)."""
+    assert HOME is not None
+    root = tmp_path_factory.mktemp("flink-tls")
+    pki = Pki(root)
+    access = write_access_list(root / "access.json", certificates={"oncall": "read"})
+    security = RestSecurity(pki.server_cert, pki.server_key, pki.ca_file, access)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPARKPOINT_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:10]}.")
+        yield from secured_coordinator(
+            kafka, root, pki, security, web_ui=WebUi.load(flink_dist(HOME))
+        )
+
+
+def test_the_flink_cli_drives_a_coordinator_over_mutual_tls_as_its_certificates_principal(
+    mutual_tls: Secured, codec: EventCodec, tmp_path: Path
+) -> None:
+    assert HOME is not None and mutual_tls.pki is not None
+    # -m https://...: with a bare host:port Flink's CLI turns security.ssl.rest.enabled off
+    pki, address = mutual_tls.pki, mutual_tls.url
+    agent = ScriptedAgent(
+        mutual_tls.bootstrap, codec, f"job-{uuid.uuid4().hex[:8]}", state_dir=mutual_tls.root
+    ).start()
+    jid = flink_job_id(agent.job_id)
+    wait(lambda: agent.job_id in mutual_tls.service.jobs, what="registered")
+    cli = Flink(HOME, address, flink_tls_conf(HOME, *pkcs12_stores(pki, "flink-cli", tmp_path), tmp_path / "cli"))  # fmt: skip
+    readonly = Flink(HOME, address, flink_tls_conf(HOME, *pkcs12_stores(pki, "oncall", tmp_path), tmp_path / "oncall"))  # fmt: skip
+    try:
+        assert re.search(rf"{jid} : .* \(RUNNING\)", cli("list")), "flink list over TLS"
+        savepoint = saved_path(cli("savepoint", jid, str(mutual_tls.root / "savepoints" / "tls")))
+        assert (savepoint / "_metadata").is_file()
+
+        # a certificate with the read role lists, but may not cancel: Flink's CLI shows our 403
+        assert re.search(rf"{jid} : .* \(RUNNING\)", readonly("list"))
+        refused = readonly.run("cancel", jid)
+        assert refused.returncode != 0 and agent.cancels == []
+        assert "oncall has the read role" in refused.stdout + refused.stderr
+
+        # a bearer token in FLINK_REST_CLIENT_HEADERS names the principal over the certificate
+        with_token = Flink(readonly.home, address, readonly.conf,
+                           {"FLINK_REST_CLIENT_HEADERS": f"Authorization:Bearer {OPERATE_TOKEN}"})  # fmt: skip
+        assert f"Cancelled job {jid}." in with_token("cancel", jid)
+        agent.wait_for(lambda: len(agent.cancels) == 1, what="the cancellation")
+        assert agent.cancels[0].requested_by == "alice"
+    finally:
+        agent.stop()
+
+
+def test_flinks_web_ui_is_served_over_mutual_tls(mutual_tls: Secured) -> None:
+    with mutual_tls.https("browser-user") as client:
+        index = client.get("/flink/")
+        overview = client.get("/flink/jobs/overview")
+    assert index.status_code == 200 and "<html" in index.text.lower()
+    assert overview.status_code == 200 and "jobs" in overview.json()
