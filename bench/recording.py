@@ -104,9 +104,16 @@ def file_system_cost(directory: Path, jobs: int = 1000, rounds: int = 10) -> flo
         shutil.rmtree(root, ignore_errors=True)
 
 
-def start_coordinator(bootstrap: str, root: Path | str, partitions: int = 6) -> Any:
+def start_coordinator(
+    bootstrap: str,
+    root: Path | str,
+    partitions: int = 6,
+    port: int | None = None,
+    security: Any = None,
+) -> Any:
     """The sparkpoint topics, and a coordinator service on a thread of this process with its
-    storage roots under ``root`` (checkpoints/, savepoints/; a path or a URL); returns the
+    storage roots under ``root`` (checkpoints/, savepoints/; a path or a URL), its REST API on
+    ``port`` (default: a free one) with ``security`` (a RestSecurity; default: none); returns the
     running service."""
     import asyncio
     import threading
@@ -124,7 +131,9 @@ def start_coordinator(bootstrap: str, root: Path | str, partitions: int = 6) -> 
     )
     service = CoordinatorService(ServiceSettings(bootstrap, defaults))
     threading.Thread(
-        target=lambda: asyncio.run(serve(service, "127.0.0.1", free_port())),
+        target=lambda: asyncio.run(
+            serve(service, "127.0.0.1", port or free_port(), None, security)
+        ),
         name="sparkpoint-loop",
         daemon=True,
     ).start()
