@@ -204,7 +204,48 @@ def test_a_job_on_the_shared_spark_session_runs_exactly_and_spark_holds_no_secre
     assert conf.get("spark.redaction.regex", "").startswith("(?i)secret|password")
     with coordinator.client() as client:
         shown = client.get(f"/jobs/{job.id}/config").text
-    assert "fs.s3a.secret.key" in shown and secured.password not in shown
+        assert "fs.s3a.secret.key" in shown and secured.password not in shown
+        answers = every_get_answer(client, job.id)
+    leaked = [path for path, body in answers.items() if secured.password in body]
+    assert leaked == []
+    assert sum(1 for body in answers.values() if body) >= 20, sorted(answers)
+
+
+def every_get_answer(client: Any, job_id: str) -> dict[str, str]:
+    """The body of every GET the coordinator's OpenAPI lists, for ``job_id`` (by its own id and
+    by Flink's), each of its completed checkpoints, its vertices and every vertex view, and a
+    savepoint's trigger: what a dashboard, Flink's CLI or a scraper can read after a run."""
+    flink_id = client.get(f"/jobs/{job_id}").json()["jid"]
+    plan = client.get(f"/jobs/{job_id}/plan").json()["plan"]["nodes"]
+    history = client.get(f"/jobs/{job_id}/checkpoints").json()["history"]
+    trigger = client.post(f"/jobs/{job_id}/savepoints", json={}).json().get("request-id", "none")
+    values = {
+        "jobid": [job_id, flink_id],
+        "checkpointid": [str(c["id"]) for c in history],
+        "vertexid": [n["id"] for n in plan],
+        "what": ["watermarks", "metrics", "subtasks/metrics", "backpressure"],
+        "triggerid": [trigger],
+    }
+    answers: dict[str, str] = {}
+    for path, methods in client.get("/openapi.json").json()["paths"].items():
+        if "get" not in methods:
+            continue
+        for concrete in expand(path, values):
+            answer = client.get(concrete)
+            answers[concrete] = answer.text if answer.status_code == 200 else ""
+    return answers
+
+
+def expand(path: str, values: dict[str, list[str]]) -> list[str]:
+    """``path`` with each ``{name}`` replaced by each of its values (every combination)."""
+    found = re.search(r"\{(\w+)(?::\w+)?\}", path)
+    if found is None:
+        return [path]
+    return [
+        concrete
+        for value in values[found.group(1)]
+        for concrete in expand(path.replace(found.group(0), value, 1), values)
+    ]
 
 
 @pytest.mark.spark
