@@ -1,10 +1,11 @@
 """Security of a REST endpoint (the coordinator's, the history service's): TLS and mutual TLS
 (`tls`), who may do what (`access`: the ``read`` and ``operate`` roles, bearer tokens kept by
 their SHA-256, client certificates by name), the operator's access list file, read again when it
-changes (`access_file`), the settings from flags and YAML keys (`settings`), and the middleware
-that authenticates, authorizes and names the audited principal (`guard`).
+changes (`access_file`), the settings from flags and YAML keys (`settings`), what is done with
+one request (`decision`: let in as a principal, or refused; no I/O, whichever server carries
+it), and the ASGI middleware that applies it and names the audited principal (`guard`).
 
-A service wires it in two places (`install` and `RestSecurity.uvicorn_options`)::
+An ASGI service wires it in two places (`install` and `RestSecurity.uvicorn_options`)::
 
     security.check()                        # at start: every file usable, or a clear error
     install(app, security)                  # the middleware, outermost but for path rewriting
@@ -21,7 +22,7 @@ from collections.abc import Collection
 from starlette.applications import Starlette
 
 from sparkpoint.common.rest_security.access import AccessList, Role, token_digest
-from sparkpoint.common.rest_security.access_file import AccessFile
+from sparkpoint.common.rest_security.access_file import access_source
 from sparkpoint.common.rest_security.guard import (
     PUBLIC_PAGES,
     RestGuard,
@@ -52,9 +53,5 @@ def install(app: Starlette, security: RestSecurity, public: Collection[str] = PU
     middleware that should run after it). Nothing when no security setting is given."""
     if not security.configured:
         return
-    if security.access_file is not None:
-        access = AccessFile(security.access_file).current
-    else:
-        certificates_only = AccessList()
-        access = lambda: certificates_only  # noqa: E731
+    access = access_source(security.access_file)
     app.add_middleware(RestGuard, security=security, access=access, public=public)

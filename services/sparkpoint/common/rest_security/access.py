@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,6 +64,10 @@ class Refusal:
     status: int
     message: str
     challenge: str | None = None
+
+    def body(self) -> bytes:
+        """Flink's error body: ``{"errors": [message]}``."""
+        return json.dumps({"errors": [self.message]}).encode()
 
 
 class AccessListError(ValueError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,13 @@ class AccessFile:
                 self.path, len(self._access.tokens), len(self._access.certificates),
             )  # fmt: skip
         return self._access
+
+
+def access_source(path: Path | None) -> Callable[[], AccessList | None]:
+    """The access list as it is now: ``path``'s (read now, so a file that cannot be used raises
+    `AccessListError`; then read again when it changes), or without a file an empty one, which
+    admits client certificates by their default role."""
+    if path is not None:
+        return AccessFile(path).current
+    certificates_only = AccessList()
+    return lambda: certificates_only

@@ -13,21 +13,14 @@ cannot be read). Tokens are never logged: what is logged names the principal.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Collection
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sparkpoint.common.rest_security.access import (
-    READ_METHODS,
-    AccessList,
-    Identity,
-    Refusal,
-    authenticate,
-    authorize,
-)
-from sparkpoint.common.rest_security.settings import RestSecurity, trusted
+from sparkpoint.common.rest_security.access import READ_METHODS, AccessList, Identity, Refusal
+from sparkpoint.common.rest_security.decision import Asked, judge
+from sparkpoint.common.rest_security.settings import RestSecurity
 from sparkpoint.common.rest_security.tls import TLS_EXTENSION
 
 log = logging.getLogger(__name__)
@@ -57,9 +50,9 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 class RestGuard:
-    """Authenticates and authorizes each HTTP request (`RestSecurity`); ``access``: the access
-    list as it is now (None while its file cannot be read). Requests to ``public`` paths with a
-    read method need no credential."""
+    """Authenticates and authorizes each HTTP request (`RestSecurity`, by `decision.judge`);
+    ``access``: the access list as it is now (None while its file cannot be read). Requests to
+    ``public`` paths with a read method need no credential."""
 
     def __init__(
         self,
@@ -77,49 +70,40 @@ class RestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        method, path = scope["method"], scope["path"]
-        peer = (scope.get("client") or (None,))[0]
-        from_proxy = trusted(peer, self.security.trusted_proxies)
-        header = _header(scope, PRINCIPAL_HEADER) if from_proxy else None
-        if not self.security.authenticates:
-            scope[PRINCIPAL] = header or f"anonymous@{peer or 'unknown'}"
-            await self.app(scope, receive, send)
-            return
-        if method in READ_METHODS and path in self.public:
-            await self.app(scope, receive, send)
-            return
-        judged = self.identify(scope)
-        refusal = judged if isinstance(judged, Refusal) else authorize(judged, method, path)
-        if refusal is not None:
-            log.info("REST %s %s from %s refused: %s", method, path, peer, refusal.message)
-            await _refuse(refusal, send)
-            return
-        assert isinstance(judged, Identity)
-        scope[PRINCIPAL] = header or judged.principal
-        if method not in READ_METHODS:
+        asked = Asked(
+            scope["method"],
+            scope["path"],
+            (scope.get("client") or (None,))[0],
+            _header(scope, b"authorization"),
+            _header(scope, PRINCIPAL_HEADER),
+            scope.get("extensions", {}).get(TLS_EXTENSION),
+        )
+        judged = judge(self.security, self.access, asked, self.public)
+        if isinstance(judged, Refusal):
             log.info(
-                "REST %s %s by %s (%s, %s)%s", method, path, judged.principal, judged.role.value,
-                judged.credential, f" for {header}" if header else "",
+                "REST %s %s from %s refused: %s", asked.method, asked.path, asked.peer,
+                judged.message,
             )  # fmt: skip
+            await _refuse(judged, send)
+            return
+        if judged.principal is not None:
+            scope[PRINCIPAL] = judged.principal
+        if judged.identity is not None and asked.method not in READ_METHODS:
+            _log_operation(asked, judged.identity, judged.on_behalf)
         await self.app(scope, receive, send)
 
-    def identify(self, scope: Scope) -> Identity | Refusal:
-        """Who sends the request: its bearer token, else its client certificate."""
-        access = self.access()
-        tls = scope.get("extensions", {}).get(TLS_EXTENSION) or {}
-        certificate = tls.get("client_cert_name")
-        if self.security.client_ca is not None and not tls.get("client_cert"):
-            # the handshake demands a certificate: none here means the protocol that records it
-            # is not wired in (`RestSecurity.uvicorn_options`)
-            log.error("REST request without a recorded client certificate: refused")
-            return Refusal(401, "no client certificate was presented", None)
-        if tls.get("client_cert") and certificate is None:
-            return Refusal(401, "the client certificate names no principal (no subject CN)")
-        return authenticate(_header(scope, b"authorization"), certificate, access)
+
+def _log_operation(asked: Asked, identity: Identity, on_behalf: str | None) -> None:
+    """What an operation's log line says: the principal, its role and credential, never the
+    token."""
+    log.info(
+        "REST %s %s by %s (%s, %s)%s", asked.method, asked.path, identity.principal,
+        identity.role.value, identity.credential, f" for {on_behalf}" if on_behalf else "",
+    )  # fmt: skip
 
 
 async def _refuse(refusal: Refusal, send: Send) -> None:
-    body = json.dumps({"errors": [refusal.message]}).encode()
+    body = refusal.body()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if refusal.challenge is not None:
         headers.append((b"www-authenticate", refusal.challenge.encode()))
