@@ -1,5 +1,6 @@
 """What a secured REST endpoint does with one request (`decision.judge`), whichever server carries
-it: pure, no socket, no file."""
+it, and the history service's use of it (`sparkpoint.history.security`): pure, no socket, no
+file."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from sparkpoint.common.rest_security.access_file import access_source
 from sparkpoint.common.rest_security.decision import Admitted, Asked, judge
 from sparkpoint.common.rest_security.guard import PUBLIC_PAGES
 from sparkpoint.common.rest_security.settings import proxy_network
+from sparkpoint.history.security import PUBLIC_PAGES as HISTORY_PAGES
+from sparkpoint.history.security import refused, web_options
 
 pytestmark = pytest.mark.unit
 
@@ -111,7 +114,11 @@ def test_under_mutual_tls_the_certificate_is_the_principal_and_none_is_refused()
     asked = Asked("GET", "/jobs", "10.1.1.1", tls=with_certificate("oncall"))
     admitted = judged(MUTUAL, asked, AccessList())
     assert admitted == Admitted("oncall", Identity("oncall", Role.OPERATE, "certificate"))
-    for tls in (None, {"client_cert_name": None, "client_cert": {}}):
+    unrecorded: tuple[dict[str, Any] | None, ...] = (
+        None,
+        {"client_cert_name": None, "client_cert": {}},
+    )
+    for tls in unrecorded:
         refusal = judged(MUTUAL, Asked("GET", "/jobs", "10.1.1.1", tls=tls), AccessList())
         assert isinstance(refusal, Refusal) and refusal.status == 401
         assert refusal.message == "no client certificate was presented"
@@ -144,3 +151,31 @@ def test_without_an_access_file_certificates_are_admitted_by_the_default_role() 
     assert current is not None and current.by_certificate("ci") == Identity(
         "ci", Role.OPERATE, "certificate"
     )
+
+
+# the history service
+
+
+def test_the_history_leaves_open_its_dashboard_page_and_health_only() -> None:
+    assert sorted(HISTORY_PAGES) == ["/", "/history/status"]
+    grafana = Identity("grafana", Role.READ, "token")
+    for page in ("/jobs/overview", "/jobs/j/history", "/table/jobs/"):
+        refusal = judged(TOKENS, Asked("GET", page, "10.1.1.1"), public=HISTORY_PAGES)
+        assert isinstance(refusal, Refusal) and refusal.status == 401
+        asked = Asked("GET", page, "10.1.1.1", bearer(GRAFANA))
+        assert judged(TOKENS, asked, public=HISTORY_PAGES, read_only=True) == Admitted(
+            "grafana", grafana
+        )
+
+
+def test_the_history_answers_a_refusal_as_the_coordinator_does() -> None:
+    challenge = 'Bearer realm="sparkpoint"'
+    answer = refused(Refusal(401, "authentication required", challenge))
+    assert answer.status == 401 and answer.headers["WWW-Authenticate"] == challenge
+    assert answer.content_type == "application/json"
+    assert answer.body == b'{"errors": ["authentication required"]}'
+    assert "WWW-Authenticate" not in refused(Refusal(503, "unavailable")).headers
+
+
+def test_an_unsecured_history_gets_no_web_setting() -> None:
+    assert web_options(RestSecurity()) == {}

@@ -101,14 +101,22 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
+    from sparkpoint.common.rest_security import SecuritySettingsError
     from sparkpoint.history.app import HistorySettings, run
 
+    try:  # checked before Kafka is reached: a wrong file is said at once
+        security = rest_security(args)
+        security.check()
+    except SecuritySettingsError as exc:
+        print(f"sparkpoint: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     settings = HistorySettings(
         with_topics(reachable(args.bootstrap)),
         args.rest_host,
         args.rest_port,
         args.group,
         args.checkpoint_history,
+        security=security,
     )
     run(settings, say)
     return EXIT_OK

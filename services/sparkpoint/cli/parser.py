@@ -180,6 +180,7 @@ def add_history_command(commands: Any) -> None:
         default=50,
         help="checkpoints listed in detail per job (min/max/avg count them all)",
     )
+    add_rest_security(history)  # the coordinator's flags; every GET but / and /history/status
     history.set_defaults(run=cmd_history)
 
 

@@ -4,7 +4,8 @@ document per job (`sparkpoint.history.model`) and serves it over REST in Flink's
 The documents live in a faust table whose changelog is a compacted topic; a restarted service
 reads the changelog back instead of replaying the audit topics (faust's recovery), then goes on
 from its committed offsets. Events are folded in batches and each job's document is written once
-per batch, so the changelog grows with the batches, not with the events.
+per batch, so the changelog grows with the batches, not with the events. The REST API takes the
+coordinator's security: https, mutual TLS, bearer tokens (`sparkpoint.history.security`).
 
 The embedded broker's defects, and what this module does about each (pinned by
 tests/integration/test_history_service.py):
@@ -28,7 +29,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -42,9 +43,11 @@ from sparkpoint.common.avro import EventCodec, UndecodableEvent
 from sparkpoint.common.flink_ids import is_flink_id
 from sparkpoint.common.kafka import make_admin, partition_of
 from sparkpoint.common.kafka_config import client_properties
+from sparkpoint.common.rest_security import RestSecurity
 from sparkpoint.common.topics import CHECKPOINT_EVENTS, CONFIG_CHANGES, JOBS, topic_prefix
 from sparkpoint.history import model
 from sparkpoint.history.credentials import faust_credentials
+from sparkpoint.history.security import web_options
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,9 @@ class HistorySettings:
     data_dir: str = os.path.join(tempfile.gettempdir(), "sparkpoint-history")
     """faust's data directory (nothing is kept there with the in-memory store)."""
     session_timeout_s: float = SESSION_TIMEOUT_S
+    security: RestSecurity = field(default_factory=RestSecurity)
+    """The REST API's TLS and authentication (`sparkpoint.history.security`); none: plain HTTP,
+    every request served."""
 
     @property
     def group(self) -> str:
@@ -170,6 +176,7 @@ def create_app(settings: HistorySettings, partitions: int) -> faust.App:
         producer_max_request_size=4 * 1024 * 1024,
         TableManager=PromptTableManager,
         broker_credentials=faust_credentials(client_properties()),
+        **web_options(settings.security),
     )
     codec = EventCodec()
     source = app.topic(
@@ -308,9 +315,12 @@ def _routes(
 
 def run(settings: HistorySettings, say: Callable[[str], None]) -> None:
     """Runs the history service in the foreground until interrupted."""
+    security = settings.security
     partitions = source_partitions(settings.bootstrap)
     app = create_app(settings, partitions)
-    say(f"history service on http://{settings.rest_host}:{settings.rest_port}/ "
+    say(f"history service on {security.scheme}://{settings.rest_host}:{settings.rest_port}/ "
         f"(group {settings.group}, {partitions} partitions)")  # fmt: skip
+    if security.configured:
+        say(f"REST security: {security.describe()}")
     worker = faust.Worker(app, loglevel="WARNING", quiet=True, override_logging=False)
     worker.execute_from_commandline()

@@ -3,7 +3,9 @@
 their SHA-256, client certificates by name), the operator's access list file, read again when it
 changes (`access_file`), the settings from flags and YAML keys (`settings`), what is done with
 one request (`decision`: let in as a principal, or refused; no I/O, whichever server carries
-it), and the ASGI middleware that applies it and names the audited principal (`guard`).
+it), and the ASGI middleware that applies it and names the audited principal (`guard`). The
+history service applies the same decision in an aiohttp middleware
+(`sparkpoint.history.security`).
 
 An ASGI service wires it in two places (`install` and `RestSecurity.uvicorn_options`)::
 
