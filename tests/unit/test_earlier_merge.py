@@ -1,13 +1,17 @@
 """A coordinator's checkpoint statistics plus the history service's for earlier ownership
-epochs (sparkpoint.coordinator.service.earlier.merge)."""
+epochs (sparkpoint.coordinator.service.earlier.merge), and a history service that refuses the
+coordinator (an answer in memory, httpx's MockTransport)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
+import httpx
 import pytest
 
-from sparkpoint.coordinator.service.earlier import merge
+from sparkpoint.coordinator.service.earlier import earlier_statistics, merge
 
 pytestmark = pytest.mark.unit
 
@@ -63,3 +67,25 @@ def test_an_entry_both_know_is_listed_once() -> None:
     own = statistics(1, 0, 0, [5, 4], (10, 10, 10))
     merged = merge(own, statistics(2, 0, 0, [4, 3], (10, 10, 10)), history_size=10)
     assert [e["id"] for e in merged["history"]] == [5, 4, 3]
+
+
+def test_a_history_service_that_refuses_the_coordinator_is_said_once_and_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refusal = {"errors": ["authentication required: send Authorization: Bearer <token>"]}
+
+    def history(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, json=refusal)
+
+    async def ask_twice() -> list[dict[str, Any] | None]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(history)) as client:
+            url = "https://history.example:8082"
+            return [await earlier_statistics(client, url, "job-1", 2) for _ in range(2)]
+
+    with caplog.at_level(logging.WARNING, logger="sparkpoint.coordinator.service.earlier"):
+        assert asyncio.run(ask_twice()) == [None, None]
+    (said,) = caplog.records
+    assert "history.example:8082 refused this coordinator (401: authentication required" in (
+        said.getMessage()
+    )
+    assert "mutual TLS" in said.getMessage()

@@ -72,13 +72,20 @@ def create_app(
     app.add_middleware(FlinkPaths, resolve=ctx.resolve, web_ui=web_ui)
     app.exception_handler(RequestValidationError)(invalid)
     tls = security.tls
-    app.exception_handler(NotHere)(Elsewhere(ctx, tls.peer_context() if tls else None).answer)
+    peer_tls = tls.peer_context() if tls else None  # for other instances and the history service
+    app.exception_handler(NotHere)(Elsewhere(ctx, peer_tls).answer)
     app.exception_handler(TriggerIdInUse)(trigger_id_in_use)
     app.exception_handler(HTTPException)(http_error)
     # jobs first: its /jobs/overview before /jobs/{jobid}; no path of one group matches
     # another's, so the order of the groups changes only the order of /openapi.json's paths
-    for group in (jobs, cluster, checkpoints, config, savepoints):
-        app.include_router(group.router(ctx))
+    for router in (
+        jobs.router(ctx),
+        cluster.router(ctx),
+        checkpoints.router(ctx, peer_tls),
+        config.router(ctx),
+        savepoints.router(ctx),
+    ):
+        app.include_router(router)
     return app
 
 

@@ -5,6 +5,7 @@ status."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
@@ -38,16 +39,19 @@ from sparkpoint.coordinator.rest.models import (
 from sparkpoint.coordinator.service.earlier import earlier_statistics, merge
 
 
-def router(ctx: RestContext) -> APIRouter:
-    return routes(CheckpointHandlers(ctx))
+def router(ctx: RestContext, peer_tls: ssl.SSLContext | None = None) -> APIRouter:
+    return routes(CheckpointHandlers(ctx, peer_tls))
 
 
 class CheckpointHandlers:
     """In route order: ``/checkpoints/config`` before ``/checkpoints/{triggerid}``, which would
-    take it."""
+    take it. ``peer_tls``: how this instance calls the history service over TLS, as it calls
+    another instance (`sparkpoint.common.rest_security.tls.TlsFiles.peer_context`; None: the
+    default trust)."""
 
-    def __init__(self, ctx: RestContext) -> None:
+    def __init__(self, ctx: RestContext, peer_tls: ssl.SSLContext | None = None) -> None:
         self.ctx = ctx
+        self.peer_tls = peer_tls
 
     @handles(
         "GET",
@@ -84,7 +88,8 @@ class CheckpointHandlers:
         history_url = self.ctx.settings.history_url
         if history_url is None:
             return own
-        earlier = await earlier_statistics(http_client(), history_url, jobid, core.owner_epoch)
+        client = http_client(self.peer_tls)
+        earlier = await earlier_statistics(client, history_url, jobid, core.owner_epoch)
         return own if earlier is None else merge(own, earlier, core.stats.history_size)
 
     @handles(

@@ -8,6 +8,15 @@ epochs only: what this owner saw is counted once, from its own exact statistics.
 
 If the history service does not answer within ``TIMEOUT_S``, the coordinator answers with its
 own statistics alone, as without the option.
+
+A secured history service (`sparkpoint.history.security`) is called as the coordinator calls
+another instance, with the coordinator's own REST TLS files (``--rest-tls-*``, Flink's
+``security.ssl.rest.*`` being the client's files too): the system's CAs and, under mutual TLS,
+the client CA verify the history service's certificate, and under mutual TLS the coordinator
+presents its own certificate, whose name (subject CN, else its first DNS name) the history
+service's access list admits (by name with the read role, or by its default certificate role).
+A history service that takes bearer tokens without mutual TLS refuses the coordinator: it
+then answers with its own statistics, and says why once (`REFUSED`).
 """
 
 from __future__ import annotations
@@ -25,6 +34,10 @@ COUNTED = ("completed", "failed")
 MERGED_METRICS = ("end_to_end_duration", "state_size", "checkpointed_size")
 """What the history service knows of every checkpoint; per-subtask figures (processed and
 persisted data) are the owner's alone."""
+REFUSED = (401, 403)
+"""The history service's answers to a coordinator it does not admit: said once per URL and
+status (`_said`), not on every request."""
+_said: set[tuple[str, int]] = set()
 
 
 async def earlier_statistics(
@@ -36,10 +49,28 @@ async def earlier_statistics(
     except httpx.HTTPError as exc:
         log.info("history service at %s did not answer: %s", history_url, exc)
         return None
+    if response.status_code in REFUSED:
+        _say_refused(history_url, response)
     if response.status_code != 200:
         return None  # 404: the history service has not seen the job (yet)
     answer: dict[str, Any] = response.json()
     return answer
+
+
+def _say_refused(history_url: str, response: httpx.Response) -> None:
+    if (history_url, response.status_code) in _said:
+        return
+    _said.add((history_url, response.status_code))
+    try:
+        why = "; ".join(response.json()["errors"])
+    except (ValueError, KeyError, TypeError):
+        why = response.reason_phrase
+    log.warning(
+        "the history service at %s refused this coordinator (%d: %s): its statistics from "
+        "before this instance owned a job are left out. Run both under mutual TLS with "
+        "certificates from the same CA, and admit this coordinator's certificate in the history "
+        "service's access list with the read role", history_url, response.status_code, why,
+    )  # fmt: skip
 
 
 def merge(own: dict[str, Any], earlier: dict[str, Any], history_size: int) -> dict[str, Any]:
