@@ -1,7 +1,8 @@
 """A throwaway certificate authority and its certificates, for trying TLS on one machine or one
 Docker host: the embedded broker's TLS (`sparkpoint broker --dev-tls`), ``sparkpoint demo
---secure`` and docker-compose.secure.yml's Kafka and coordinators. Never for production: the CA's
-key sits beside the certificates it signed.
+--secure`` and docker-compose.secure.yml's Kafka and coordinators. Never for production: the CA
+is made afresh, kept nowhere safer than the files it signed, and no one but you trusts it (its
+key is not kept: nothing else can be signed with it later).
 
 Writes PEM files (what librdkafka, Python's ssl module, uvicorn and Kafka's ``ssl.*.type=PEM``
 read): ``ca.pem`` (the CA certificate, to trust), ``server.pem`` (the server's key and
