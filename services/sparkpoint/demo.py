@@ -65,6 +65,8 @@ from sparkpoint.common.kafka import (
     make_producer,
     replay_topic,
 )
+from sparkpoint.common.kafka_config import use_properties_file
+from sparkpoint.common.secure_broker import dev_security
 from sparkpoint.common.topics import (
     ACKS,
     CHECKPOINT_EVENTS,
@@ -275,15 +277,14 @@ def run(
     rest_port: int = 8081,
     exchange: bool = False,
     flink_web_ui: Path | None = None,
+    secure: bool = False,
 ) -> None:
     codec = EventCodec()
     broker: EmbeddedBroker | None = None
     try:
         if bootstrap is None:
-            port = EMBEDDED_PORT if port_is_free(EMBEDDED_PORT) else free_port()
-            broker = EmbeddedBroker(port=port).start()
+            broker = embedded_broker(secure, say)
             bootstrap = broker.bootstrap
-            say(f"broker: {bootstrap} (embedded tansu, memory only)")
         else:
             say(f"broker: {bootstrap}")
         print_topics(create_topics(make_admin(bootstrap), partitions=partitions), say)
@@ -298,6 +299,27 @@ def run(
     finally:
         if broker is not None:
             broker.stop()
+
+
+SECURE_DIR = Path(".sparkpoint/secure")
+"""``--secure``'s development CA, user and client.properties: kept across runs (the demo's own
+folder is emptied at each start)."""
+
+
+def embedded_broker(secure: bool, say: Say) -> EmbeddedBroker:
+    """The demo's broker; ``secure``: behind its TLS/SASL front, this process and every process
+    it starts configured with the client file that reaches it."""
+    port = EMBEDDED_PORT if port_is_free(EMBEDDED_PORT) else free_port()
+    if not secure:
+        broker = EmbeddedBroker(port=port).start()
+        say(f"broker: {broker.bootstrap} (embedded tansu, memory only)")
+        return broker
+    dev = dev_security(SECURE_DIR.resolve())
+    use_properties_file(dev.client_config)
+    broker = EmbeddedBroker(port=port, security=dev.security).start()
+    say(f"broker: {broker.bootstrap} (embedded tansu behind TLS + SCRAM-SHA-512; clients: "
+        f"--kafka-config {dev.client_config})")  # fmt: skip
+    return broker
 
 
 def run_pipeline(

@@ -83,3 +83,64 @@ def test_the_demo_runs_end_to_end_on_a_secured_kafka_and_leaks_no_secret(tmp_pat
     assert leaked == []
     assert len(records) > 1000  # the input, the output, and every sparkpoint topic's events
     assert not any(secret.encode() in record for record in records)
+
+
+def broker_process(port: int, *flags: str) -> subprocess.Popen[str]:
+    broker = subprocess.Popen(
+        [SPARKPOINT, "broker", "--port", str(port), *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert broker.stdout is not None
+    for line in broker.stdout:  # the listening line comes once the front accepts connections
+        if "embedded broker" in line:
+            return broker
+    raise AssertionError(f"sparkpoint broker {' '.join(flags)} exited {broker.wait()}")
+
+
+def topics_create(bootstrap: str, config: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in (CONFIG_ENV, "KAFKA_BOOTSTRAP_SERVERS")}
+    return subprocess.run(
+        [SPARKPOINT, "topics", "create", "--bootstrap", bootstrap, "--kafka-config", str(config)],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+
+
+def test_sparkpoint_broker_dev_tls_keeps_its_ca_and_user_across_restarts(tmp_path: Path) -> None:
+    """`sparkpoint broker --dev-tls DIR` makes a CA, a SCRAM user and DIR/client.properties once:
+    clients configured for the first broker reach a restarted one; a wrong password does not."""
+    folder, port = tmp_path / "secure", free_port()
+    broker = broker_process(port, "--dev-tls", str(folder))
+    try:
+        config = folder / "client.properties"
+        assert oct(config.stat().st_mode & 0o777) == "0o600"
+        first = config.read_text()
+        assert "security.protocol=SASL_SSL" in first and "sasl.mechanism=SCRAM-SHA-512" in first
+        assert topics_create(f"127.0.0.1:{port}", config).returncode == 0
+    finally:
+        broker.terminate()
+        broker.wait(20)
+    broker = broker_process(port, "--dev-tls", str(folder))
+    try:
+        assert config.read_text() == first  # the same CA, user and password
+        again = topics_create(f"127.0.0.1:{port}", config)
+        assert again.returncode == 0, again.stderr
+        wrong = tmp_path / "wrong.properties"
+        wrong.write_text(re.sub(r"sasl\.password=.*", "sasl.password=not-it", first))
+        refused = topics_create(f"127.0.0.1:{port}", wrong)
+        assert refused.returncode == 1 and "invalid credentials" in refused.stderr
+    finally:
+        broker.terminate()
+        broker.wait(20)
+
+
+def test_the_broker_and_the_demo_refuse_security_flags_that_cannot_work(tmp_path: Path) -> None:
+    missing = subprocess.run(
+        [SPARKPOINT, "broker", "--tls-cert", str(tmp_path / "none.pem")],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert missing.returncode == 2 and "none.pem: no such file" in missing.stderr
+    both = subprocess.run(
+        [SPARKPOINT, "demo", "--secure", "--bootstrap", "127.0.0.1:1"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert both.returncode == 2 and "--kafka-config" in both.stderr

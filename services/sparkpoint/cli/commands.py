@@ -23,16 +23,56 @@ from sparkpoint.common.kafka import bootstrap_servers, make_admin
 
 if TYPE_CHECKING:
     from sparkpoint.client import Rest
+    from sparkpoint.common.broker import BrokerSecurity
     from sparkpoint.common.rest_security import RestSecurity
     from sparkpoint.coordinator.rest.flink_compat import WebUi
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
+    from sparkpoint.common import secure_broker
     from sparkpoint.common.broker import run_foreground
+    from sparkpoint.common.kafka_config import KafkaConfigError
 
-    say(f"embedded broker (tansu, memory only) on 127.0.0.1:{args.port}")
-    run_foreground(args.port)
-    return EXIT_OK  # not reached: the process became the broker
+    secured = (args.tls_cert, args.tls_key, args.tls_client_ca, args.sasl_users)
+    if args.dev_tls is None and not any(secured):
+        say(f"embedded broker (tansu, memory only) on 127.0.0.1:{args.port}")
+        run_foreground(args.port)
+        return EXIT_OK  # not reached: the process became the broker
+    try:
+        security = broker_security(args)
+    except (KafkaConfigError, OperationFailed, OSError) as exc:
+        print(f"sparkpoint: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    secure_broker.serve(args.port, "127.0.0.1", security, say)
+    return EXIT_OK
+
+
+def broker_security(args: argparse.Namespace) -> BrokerSecurity:
+    """``sparkpoint broker``'s TLS and SASL: the development setup of ``--dev-tls``, or the
+    operator's files; each file checked here, with a message naming it."""
+    from sparkpoint.common import secure_broker
+    from sparkpoint.common.broker import BrokerSecurity
+
+    if args.dev_tls is not None:
+        if any((args.tls_cert, args.tls_key, args.tls_client_ca, args.sasl_users)):
+            raise OperationFailed("--dev-tls makes its own certificate and user: give it alone")
+        dev = secure_broker.dev_security(args.dev_tls)
+        say(f"clients: --kafka-config {dev.client_config} (or SPARKPOINT_KAFKA_CONFIG)")
+        return dev.security
+    if args.tls_key is not None and args.tls_cert is None:
+        raise OperationFailed("--tls-key needs --tls-cert")
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key),
+                       ("--tls-client-ca", args.tls_client_ca)):  # fmt: skip
+        if path is not None and not path.is_file():
+            raise OperationFailed(f"{flag} {path}: no such file")
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        raise OperationFailed("--tls-client-ca needs --tls-cert: client certificates need TLS")
+    users = secure_broker.sasl_users(args.sasl_users) if args.sasl_users else {}
+    cert = str(args.tls_cert) if args.tls_cert else None
+    return BrokerSecurity(
+        cert, str(args.tls_key or args.tls_cert) if cert else None,
+        str(args.tls_client_ca) if args.tls_client_ca else None, users,
+    )  # fmt: skip
 
 
 def cmd_topics_create(args: argparse.Namespace) -> int:
@@ -325,6 +365,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if isinstance(load_web_ui(args.flink_web_ui), int):  # checked here: the coordinator
         return EXIT_USAGE  # runs as a process of its own
+    if args.secure and args.bootstrap:
+        print(
+            "sparkpoint: --secure secures the embedded broker; for your own Kafka give "
+            "--kafka-config",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     demo.run(
         reachable(args.bootstrap) if args.bootstrap else None,
         args.partitions,
@@ -333,5 +380,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         args.rest_port,
         args.exchange,
         args.flink_web_ui,
+        args.secure,
     )
     return EXIT_OK

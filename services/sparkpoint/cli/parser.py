@@ -59,6 +59,30 @@ def add_broker_commands(commands: Any) -> None:
         "broker", help="run the embedded Kafka-protocol broker in the foreground"
     )
     broker.add_argument("--port", type=port_number, default=9092)
+    secured = broker.add_argument_group(
+        "TLS and SASL",
+        "a front before tansu terminates TLS and authenticates clients (docs/security.md)",
+    )
+    secured.add_argument(
+        "--dev-tls",
+        type=Path,
+        metavar="DIR",
+        help="development only: a throwaway CA and certificate, a SCRAM-SHA-512 user sparkpoint "
+        "and DIR/client.properties for --kafka-config, made in DIR once and reused",
+    )
+    secured.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve TLS with this")
+    secured.add_argument(
+        "--tls-key", type=Path, metavar="PEM", help="its unencrypted key (default: in --tls-cert)"
+    )
+    secured.add_argument(
+        "--tls-client-ca", type=Path, metavar="PEM", help="require client certificates it signed"
+    )
+    secured.add_argument(
+        "--sasl-users",
+        type=Path,
+        metavar="FILE",
+        help="name=password lines (${env:NAME} allowed): PLAIN and SCRAM-SHA-256/512 users",
+    )
     broker.set_defaults(run=cmd_broker)
 
     topics = commands.add_parser("topics", help="manage sparkpoint topics")
@@ -396,5 +420,11 @@ def add_demo_command(commands: Any) -> None:
         "--exchange",
         action="store_true",
         help="instead of the pipeline: a scripted exchange of every event type",
+    )
+    demo.add_argument(
+        "--secure",
+        action="store_true",
+        help="the embedded broker with TLS and SCRAM-SHA-512 (a development CA and user kept in "
+        ".sparkpoint/secure), every process reaching it through its client.properties",
     )
     demo.set_defaults(run=cmd_demo)
