@@ -158,9 +158,10 @@ class JobTable(faust.Table[bytes, Any]):
         await pending
 
 
-def create_app(settings: HistorySettings, partitions: int) -> faust.App:
-    app = HistoryApp(
-        settings.group,
+def faust_settings(settings: HistorySettings, partitions: int) -> dict[str, Any]:
+    """The faust app's settings: the broker and its credentials, the table's store, the group's
+    timeouts, the web server and its security."""
+    return dict(
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
         datadir=settings.data_dir,
@@ -178,6 +179,10 @@ def create_app(settings: HistorySettings, partitions: int) -> faust.App:
         broker_credentials=faust_credentials(client_properties()),
         **web_options(settings.security),
     )
+
+
+def create_app(settings: HistorySettings, partitions: int) -> faust.App:
+    app = HistoryApp(settings.group, **faust_settings(settings, partitions))
     codec = EventCodec()
     source = app.topic(
         *(s.name() for s in SOURCES),
