@@ -105,8 +105,10 @@ def secured_coordinator(
     pki: Pki,
     security: RestSecurity,
     web_ui: WebUi | None = None,
+    history_url: str | None = None,
 ) -> Iterator[Secured]:
-    """A coordinator serving https with ``security``, in a thread, on the current topic prefix."""
+    """A coordinator serving https with ``security``, in a thread, on the current topic prefix;
+    ``history_url``: the history service it adds earlier statistics from."""
     security.check()
     create_topics(make_admin(kafka.bootstrap), partitions=2)
     defaults = CheckpointConfig(
@@ -114,7 +116,9 @@ def secured_coordinator(
     )
     port = free_port()
     url = f"https://127.0.0.1:{port}"
-    service = CoordinatorService(ServiceSettings(kafka.bootstrap, defaults, rest_url=url))
+    service = CoordinatorService(
+        ServiceSettings(kafka.bootstrap, defaults, rest_url=url, history_url=history_url)
+    )
     thread = threading.Thread(
         target=lambda: asyncio.run(serve(service, "127.0.0.1", port, web_ui, security)),
         daemon=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -28,17 +29,23 @@ class HistoryProcess:
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    flags: tuple[str, ...] = ()
+    """More of ``sparkpoint history``'s flags (``--rest-tls-cert`` makes `url` https)."""
+    verify: ssl.SSLContext | bool = True
+    """How this harness's own requests (`status`, `get`) check the service's certificate, and
+    the client certificate they present under mutual TLS."""
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if "--rest-tls-cert" in self.flags else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> HistoryProcess:
         self.starts += 1
         log = open(self.log_dir / f"history-{self.starts}.log", "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
             [SPARKPOINT, "history", "--bootstrap", self.bootstrap, "--rest-port", str(self.port),
-             "--group", self.group],
+             "--group", self.group, *self.flags],
             env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         log.close()
@@ -46,7 +53,7 @@ class HistoryProcess:
 
     def status(self) -> dict[str, Any] | None:
         try:
-            answer = httpx.get(f"{self.url}/history/status", timeout=2)
+            answer = httpx.get(f"{self.url}/history/status", timeout=2, verify=self.verify)
         except httpx.HTTPError:
             return None
         return answer.json() if answer.status_code == 200 else None
@@ -66,7 +73,12 @@ class HistoryProcess:
         )
 
     def get(self, path: str, **params: object) -> httpx.Response:
-        return httpx.get(f"{self.url}{path}", params=params, timeout=10)  # type: ignore[arg-type]
+        return httpx.get(
+            f"{self.url}{path}",
+            params=params,  # type: ignore[arg-type]
+            timeout=10,
+            verify=self.verify,
+        )
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
