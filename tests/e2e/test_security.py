@@ -144,3 +144,20 @@ def test_the_broker_and_the_demo_refuse_security_flags_that_cannot_work(tmp_path
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
     assert both.returncode == 2 and "--kafka-config" in both.stderr
+
+
+def test_a_secured_broker_starts_in_a_process_already_configured_for_its_front(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sparkpoint demo --secure` sets the client file before it starts the broker: the broker's
+    own check of tansu behind the front must not use it (it did, and the demo never started)."""
+    from sparkpoint.common.broker import EmbeddedBroker
+    from sparkpoint.common.kafka import make_admin
+    from sparkpoint.common.kafka_config import use_properties_file
+    from sparkpoint.common.secure_broker import dev_security
+
+    dev = dev_security(tmp_path)
+    monkeypatch.setenv(CONFIG_ENV, "")  # put back as it was after the test
+    use_properties_file(dev.client_config)
+    with EmbeddedBroker(security=dev.security) as broker:
+        assert make_admin(broker.bootstrap).list_topics(timeout=10).brokers

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -92,14 +92,17 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def wait_for_metadata(
-    bootstrap: str, timeout_s: float, alive: Callable[[], bool] = lambda: True
+    bootstrap: str,
+    timeout_s: float,
+    alive: Callable[[], bool] = lambda: True,
+    properties: Mapping[str, str] | None = None,
 ) -> None:
     """Returns once the broker at ``bootstrap`` answers a metadata request; gives up early once
     ``alive`` says the broker process is gone, or once a client reported a cause no retry cures
     (refused credentials, an untrusted certificate: see `ConnectionErrors`)."""
     CONNECTION_ERRORS.forget(bootstrap)
     try:
-        admin = make_admin(bootstrap, report=False)  # what it finds is raised here
+        admin = make_admin(bootstrap, properties, report=False)  # what it finds is raised here
     except KafkaException as exc:  # a property librdkafka does not know, or a bad value
         raise BrokerError(f"Kafka client configuration: {exc.args[0].str()}") from None
     deadline = time.monotonic() + timeout_s
@@ -118,6 +121,11 @@ def wait_for_metadata(
                 ) from None
             time.sleep(0.02)
     raise BrokerError(f"no answer from {bootstrap} within {timeout_s:.0f} s: {last}")
+
+
+BEHIND_THE_FRONT = {"security.protocol": "PLAINTEXT"}
+"""How the broker's own check reaches tansu behind the front, whatever the process's client
+configuration says (it may already be the one for the front: ``sparkpoint demo --secure``)."""
 
 
 @dataclass(frozen=True)
@@ -184,7 +192,9 @@ class EmbeddedBroker:
             if self.log_file:
                 out.close()  # type: ignore[union-attr]
         try:
-            wait_for_metadata(f"{self.host}:{inner}", STARTUP_TIMEOUT_S, lambda: self.running)
+            wait_for_metadata(
+                f"{self.host}:{inner}", STARTUP_TIMEOUT_S, lambda: self.running, BEHIND_THE_FRONT
+            )
             if self._front is not None:
                 self._wait_for_front()
         except BrokerError:
