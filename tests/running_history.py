@@ -34,6 +34,8 @@ class HistoryProcess:
     verify: ssl.SSLContext | bool = True
     """How this harness's own requests (`status`, `get`) check the service's certificate, and
     the client certificate they present under mutual TLS."""
+    token: str | None = None
+    """The bearer token this harness's `get` sends (a service with an access list)."""
 
     @property
     def url(self) -> str:
@@ -78,6 +80,7 @@ class HistoryProcess:
             params=params,  # type: ignore[arg-type]
             timeout=10,
             verify=self.verify,
+            headers={"Authorization": f"Bearer {self.token}"} if self.token else None,
         )
 
     def kill(self) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.rest_security import RestSecurity
+from sparkpoint.coordinator.service.earlier import TOKEN_ENV
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_history_service import PERIODIC, served
 from tests.rest_tls import OPERATE_TOKEN, READ_TOKEN, Pki, secured_coordinator, write_access_list
@@ -191,23 +192,39 @@ def test_a_broken_access_file_refuses_every_read_until_it_is_fixed(
     answers.hold_no_token(history)
 
 
-def test_a_coordinator_under_mutual_tls_reaches_it_with_its_own_certificate(
-    kafka: KafkaUnderTest, history: HistoryProcess, pki: Pki, tmp_path: Path, codec: EventCodec
+@pytest.mark.parametrize("credential", ["certificate", "token"])
+def test_a_secured_coordinator_reaches_it_with_its_certificate_or_its_token(
+    kafka: KafkaUnderTest,
+    history: HistoryProcess,
+    pki: Pki,
+    tmp_path: Path,
+    codec: EventCodec,
+    monkeypatch: pytest.MonkeyPatch,
+    credential: str,
 ) -> None:
-    """The failover of test_history_service, the second owner and the history service both
-    under mutual TLS: the history service admits the coordinator's certificate by its name
-    (trustme's certificate has no CN: its DNS name, localhost) and no other."""
-    access = write_access_list(
-        tmp_path / "access.json",
-        certificates={"localhost": "read", "test-harness": "read"},
-        **{"certificate-default-role": "none"},
-    )
-    serve_secured(history, pki, access, mutual=True)
+    """The failover of test_history_service, the second owner reaching a secured history
+    service: under mutual TLS with its own certificate, which the history service admits by its
+    name (trustme's certificate has no CN: its DNS name, localhost) and no other; or, with
+    tokens and no client certificates, with the read token of --history-token-file (here its
+    variable) and the history's CA trusted through SSL_CERT_FILE."""
+    if credential == "certificate":
+        access = write_access_list(
+            tmp_path / "access.json",
+            certificates={"localhost": "read", "test-harness": "read"},
+            **{"certificate-default-role": "none"},
+        )
+        serve_secured(history, pki, access, mutual=True)
+        security = RestSecurity(pki.server_cert, pki.server_key, pki.ca_file)
+    else:
+        history.token = READ_TOKEN
+        serve_secured(history, pki, write_access_list(tmp_path / "access.json"))
+        monkeypatch.setenv(TOKEN_ENV, READ_TOKEN)
+        monkeypatch.setenv("SSL_CERT_FILE", str(pki.ca_file))
+        security = RestSecurity(pki.server_cert, pki.server_key)
     with contextlib.contextmanager(coordinator_in_thread)(kafka, tmp_path) as first:
         agent = first.agent(codec, configuration=PERIODIC)
         agent.wait_for(lambda: len(agent.completed) >= 3, what="checkpoints under the first owner")
         before = first.service.job(agent.job_id).core.stats.completed
-    security = RestSecurity(pki.server_cert, pki.server_key, pki.ca_file)
     second_owner = contextlib.contextmanager(secured_coordinator)
     try:
         with second_owner(kafka, tmp_path, pki, security, history_url=history.url) as second:
@@ -222,7 +239,7 @@ def test_a_coordinator_under_mutual_tls_reaches_it_with_its_own_certificate(
             done = len(agent.completed)
             agent.wait_for(lambda: len(agent.completed) >= done + 2, what="checkpoints after it")
             own = second.service.job(agent.job_id).core.stats.to_json()
-            with second.https("oncall") as client:
+            with second.https("oncall" if credential == "certificate" else None) as client:
                 merged = client.get(f"/jobs/{agent.job_id}/checkpoints").json()
     finally:
         agent.stop()

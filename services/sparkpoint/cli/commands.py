@@ -116,6 +116,7 @@ def rest_security(args: argparse.Namespace) -> RestSecurity:
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from sparkpoint.common.rest_security import SecuritySettingsError
     from sparkpoint.coordinator.main import load_security, run
+    from sparkpoint.coordinator.service.earlier import TOKEN_ENV as HISTORY_TOKEN_ENV
 
     web_ui = load_web_ui(args.flink_web_ui)
     if isinstance(web_ui, int):
@@ -123,7 +124,11 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     try:  # checked before Kafka is reached: a wrong file is said at once
         security = rest_security(args).over(load_security(args.config))
         security.check()
-    except SecuritySettingsError as exc:
+        if args.history_token_file is not None:
+            os.environ[HISTORY_TOKEN_ENV] = read_token(
+                args.history_token_file, "--history-token-file"
+            )
+    except (SecuritySettingsError, OperationFailed) as exc:
         print(f"sparkpoint: {exc}", file=sys.stderr)
         return EXIT_USAGE
     run(
@@ -138,6 +143,20 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         security,
     )
     return EXIT_OK
+
+
+def read_token(path: Path, flag: str) -> str:
+    """A bearer token from a file (``flag``'s), registered as a secret for the logs."""
+    from sparkpoint.common.redaction import register_secrets
+
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise OperationFailed(f"{flag} {path}: {exc.strerror}") from None
+    if not token:
+        raise OperationFailed(f"{flag} {path}: the file holds no token")
+    register_secrets([token])
+    return token
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -215,12 +234,7 @@ def coordinator_rest(args: argparse.Namespace) -> Rest:
 
     token = args.rest_token
     if args.rest_token_file is not None:
-        try:
-            token = args.rest_token_file.read_text().strip()
-        except OSError as exc:
-            raise OperationFailed(
-                f"--rest-token-file {args.rest_token_file}: {exc.strerror}"
-            ) from None
+        token = read_token(args.rest_token_file, "--rest-token-file")
     credentials = Credentials.from_environment(token, args.rest_ca, args.rest_cert, args.rest_key)
     register_secrets([credentials.token] if credentials.token else [])
     return Rest(rest_url(args.rest), credentials)

@@ -123,6 +123,13 @@ def add_coordinator_command(commands: Any) -> None:
         "instance owned a job are added from it",
     )
     coordinator.add_argument(
+        "--history-token-file",
+        type=Path,
+        metavar="FILE",
+        help="a bearer token with the read role the secured history service admits "
+        "(default: $SPARKPOINT_HISTORY_TOKEN)",
+    )
+    coordinator.add_argument(
         "--transactions-in-flight",
         type=positive_int,
         default=1,

@@ -111,7 +111,11 @@ def make_dev_certs(directory: Path, hosts: list[str], clients: list[str]) -> Dev
         [
             (x509.BasicConstraints(ca=False, path_length=None), True),
             (_alternative_names(hosts), False),
-            (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
+            # client too: a coordinator under mutual TLS presents its server certificate when
+            # it calls another instance or the history service
+            (x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ), False),
         ],
     )  # fmt: skip
     certs.server.touch(mode=0o600)

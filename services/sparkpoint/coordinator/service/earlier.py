@@ -15,13 +15,16 @@ another instance, with the coordinator's own REST TLS files (``--rest-tls-*``, F
 the client CA verify the history service's certificate, and under mutual TLS the coordinator
 presents its own certificate, whose name (subject CN, else its first DNS name) the history
 service's access list admits (by name with the read role, or by its default certificate role).
-A history service that takes bearer tokens without mutual TLS refuses the coordinator: it
-then answers with its own statistics, and says why once (`REFUSED`).
+A history service that takes bearer tokens is given one: ``--history-token-file FILE`` (or
+``$SPARKPOINT_HISTORY_TOKEN``), a token its access list admits with the read role. A history
+service that refuses the coordinator gets no second try per request: the coordinator answers
+with its own statistics, and says why once (`REFUSED`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 from urllib.parse import quote
 
@@ -39,13 +42,21 @@ REFUSED = (401, 403)
 status (`_said`), not on every request."""
 _said: set[tuple[str, int]] = set()
 
+TOKEN_ENV = "SPARKPOINT_HISTORY_TOKEN"
+"""The bearer token the coordinator shows the history service (``--history-token-file`` sets
+it from a file)."""
+
 
 async def earlier_statistics(
     client: httpx.AsyncClient, history_url: str, job_id: str, owner_epoch: int
 ) -> dict[str, Any] | None:
     url = f"{history_url.rstrip('/')}/jobs/{quote(job_id, safe='')}/checkpoints"
+    token = os.environ.get(TOKEN_ENV)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        response = await client.get(url, params={"before_epoch": owner_epoch}, timeout=TIMEOUT_S)
+        response = await client.get(
+            url, params={"before_epoch": owner_epoch}, headers=headers, timeout=TIMEOUT_S
+        )
     except httpx.HTTPError as exc:
         log.info("history service at %s did not answer: %s", history_url, exc)
         return None
@@ -67,9 +78,10 @@ def _say_refused(history_url: str, response: httpx.Response) -> None:
         why = response.reason_phrase
     log.warning(
         "the history service at %s refused this coordinator (%d: %s): its statistics from "
-        "before this instance owned a job are left out. Run both under mutual TLS with "
-        "certificates from the same CA, and admit this coordinator's certificate in the history "
-        "service's access list with the read role", history_url, response.status_code, why,
+        "before this instance owned a job are left out. Give the coordinator a token the "
+        "history service admits with the read role (--history-token-file), or run both under "
+        "mutual TLS with certificates from the same CA and admit this coordinator's certificate",
+        history_url, response.status_code, why,
     )  # fmt: skip
 
 
