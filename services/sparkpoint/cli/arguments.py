@@ -85,7 +85,8 @@ def with_topics(servers: str) -> str:
     if missing:
         raise OperationFailed(
             f"Kafka at {servers} lacks the sparkpoint topics {', '.join(missing)}: create them "
-            f"first with `sparkpoint topics create --bootstrap {servers}`"
+            f"first with `sparkpoint topics create --bootstrap {servers}` (on a cluster with "
+            "ACLs, this principal may also lack Describe on them: docs/security.md)"
         )
     return servers
 

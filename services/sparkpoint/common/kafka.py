@@ -51,7 +51,7 @@ from sparkpoint.common.kafka_errors import (
     ErrorKind,
     classify,
 )
-from sparkpoint.common.topics import TopicSpec
+from sparkpoint.common.topics import TopicSpec, topic_prefix
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,9 @@ def consumer_config(
 ) -> dict[str, Any]:
     """Offsets are never auto-committed: sparkpoint keeps positions where it needs them."""
     return _base(bootstrap, client_id, properties) | {
-        "group.id": group_id or f"sparkpoint-unassigned-{os.getpid()}",
+        # librdkafka asks for this group's coordinator even when partitions are only assigned:
+        # under the topic prefix, one prefixed ACL covers it (docs/security.md)
+        "group.id": group_id or f"{topic_prefix()}unassigned-{os.getpid()}",
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
         "fetch.wait.max.ms": profile.fetch_wait_max_ms,

@@ -120,13 +120,20 @@ def create_topics(
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions}")
     specs = {spec.name(prefix): spec for spec in ALL_TOPICS}
-    futures = admin.create_topics(
-        [
-            NewTopic(name, partitions, replication_factor, config=spec.config())
-            for name, spec in specs.items()
-        ],
-        operation_timeout=ADMIN_TIMEOUT_S,
-        request_timeout=ADMIN_TIMEOUT_S,
+    existing = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
+    # only the missing ones: Kafka checks the Create permission before existence, so asking for
+    # existing topics would need Create on them too (docs/security.md)
+    missing = [
+        NewTopic(name, partitions, replication_factor, config=spec.config())
+        for name, spec in specs.items()
+        if name not in existing
+    ]
+    futures = (
+        admin.create_topics(
+            missing, operation_timeout=ADMIN_TIMEOUT_S, request_timeout=ADMIN_TIMEOUT_S
+        )
+        if missing
+        else {}
     )
     created: set[str] = set()
     for name, future in futures.items():
