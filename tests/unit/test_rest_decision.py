@@ -10,32 +10,18 @@ from typing import Any
 
 import pytest
 
-from sparkpoint.common.rest_security import RestSecurity, Role, token_digest
-from sparkpoint.common.rest_security.access import AccessList, Identity, Refusal, parse_access_list
+from sparkpoint.common.rest_security import RestSecurity, Role
+from sparkpoint.common.rest_security.access import AccessList, Identity, Refusal
 from sparkpoint.common.rest_security.access_file import access_source
 from sparkpoint.common.rest_security.decision import Admitted, Asked, judge
 from sparkpoint.common.rest_security.guard import PUBLIC_PAGES
 from sparkpoint.common.rest_security.settings import proxy_network
 from sparkpoint.history.security import PUBLIC_PAGES as HISTORY_PAGES
 from sparkpoint.history.security import refused, web_options
+from tests.unit.test_rest_security import ALICE, GRAFANA
+from tests.unit.test_rest_security import access_list as listed
 
 pytestmark = pytest.mark.unit
-
-ALICE = "alice-operates-0123456789"
-GRAFANA = "grafana-reads-0123456789"
-
-
-def listed(**extra: Any) -> AccessList:
-    return parse_access_list(
-        {
-            "tokens": [
-                {"principal": "alice", "role": "operate", "sha256": token_digest(ALICE)},
-                {"principal": "grafana", "role": "read", "token": GRAFANA},
-            ],
-            **extra,
-        },
-        "access.yaml",
-    )
 
 
 TOKENS = RestSecurity(access_file=Path("access.yaml"))  # no file is read: judge does no I/O
