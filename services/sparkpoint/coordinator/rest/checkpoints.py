@@ -13,14 +13,13 @@ from starlette.exceptions import HTTPException
 
 from sparkpoint.coordinator.rest.config import config_json
 from sparkpoint.coordinator.rest.deps import (
-    NotHere,
     RestContext,
     error,
     handles,
     known,
     owned,
     routes,
-    trigger_status,
+    status_of,
 )
 from sparkpoint.coordinator.rest.flink_compat import http_client
 from sparkpoint.coordinator.rest.models import (
@@ -118,9 +117,6 @@ class CheckpointHandlers:
         responses=answers(TriggerStatus, ELSEWHERE, NOT_FOUND),
     )
     async def checkpoint_status(self, jobid: str, triggerid: str) -> dict[str, Any]:
-        request = self.ctx.requests.get(triggerid)
-        if (request is None or request.job_id != jobid) and jobid not in self.ctx.jobs:
-            raise NotHere(jobid)  # the job's owner knows its requests
-        if request is None or request.job_id != jobid or request.savepoint:
-            raise HTTPException(404, f"No checkpoint request {triggerid} for job {jobid}")
-        return trigger_status(request)
+        return status_of(
+            self.ctx, jobid, triggerid, "checkpoint request", lambda r: not r.savepoint
+        )

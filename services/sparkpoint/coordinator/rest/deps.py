@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from sparkpoint.common.clock import Clock
 from sparkpoint.common.events import CheckpointSettings, SavepointFormat
@@ -144,6 +145,20 @@ def principal(request: Request, header: str | None) -> str:
     if decided is not None:
         return decided
     return header or f"anonymous@{request.client.host if request.client else 'unknown'}"
+
+
+def status_of(
+    ctx: RestContext, jobid: str, triggerid: str, what: str, ours: Callable[[TriggerRequest], bool]
+) -> dict[str, Any]:
+    """`trigger_status` of the job's request ``triggerid`` of the kind ``ours`` accepts; the
+    owner is asked when the job runs elsewhere (it knows its requests), else 404 naming
+    ``what``."""
+    request = ctx.requests.get(triggerid)
+    if (request is None or request.job_id != jobid) and jobid not in ctx.jobs:
+        raise NotHere(jobid)
+    if request is None or request.job_id != jobid or not ours(request):
+        raise HTTPException(404, f"No {what} {triggerid} for job {jobid}")
+    return trigger_status(request)
 
 
 def trigger_status(request: TriggerRequest) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from sparkpoint.coordinator.rest.deps import (
     handles,
     owned,
     routes,
-    trigger_status,
+    status_of,
 )
 from sparkpoint.coordinator.rest.models import (
     BAD_REQUEST,
@@ -70,25 +70,11 @@ class SavepointHandlers:
     async def trigger_savepoint(
         self, jobid: str, body: Annotated[SavepointRequest | None, Body()] = None
     ) -> Any:
-        owned(self.ctx, jobid)
         body = body or SavepointRequest()
-        if body.formatType not in ("CANONICAL", "NATIVE"):
-            return error(400, "formatType: must be CANONICAL or NATIVE")
-        problem = directory_problem(self.ctx, "target-directory", body.target_directory)
-        if problem is not None:
-            return problem
-        try:
-            request = self.ctx.trigger(
-                jobid,
-                True,
-                body.target_directory,
-                terminate=body.cancel_job,
-                format_type=SavepointFormat[body.formatType],
-                trigger_id=body.triggerId,
-            )
-        except PathOutsideRoots as exc:
-            return error(400, f"target-directory: {exc}")
-        return {"request-id": request.request_id}
+        return self._savepoint(
+            jobid, body.formatType, ("target-directory", body.target_directory),
+            terminate=body.cancel_job, trigger_id=body.triggerId,
+        )  # fmt: skip
 
     @handles(
         "GET",
@@ -97,12 +83,13 @@ class SavepointHandlers:
         responses=answers(TriggerStatus, ELSEWHERE, NOT_FOUND),
     )
     async def savepoint_status(self, jobid: str, triggerid: str) -> dict[str, Any]:
-        request = self.ctx.requests.get(triggerid)
-        if (request is None or request.job_id != jobid) and jobid not in self.ctx.jobs:
-            raise NotHere(jobid)  # the job's owner knows its requests
-        if request is None or request.job_id != jobid or not request.savepoint or request.disposal:
-            raise HTTPException(404, f"No savepoint request {triggerid} for job {jobid}")
-        return trigger_status(request)
+        return status_of(
+            self.ctx,
+            jobid,
+            triggerid,
+            "savepoint request",
+            lambda r: r.savepoint and not r.disposal,
+        )
 
     @handles(
         "GET",
@@ -183,23 +170,28 @@ class SavepointHandlers:
         responses=answers(TriggerId, ELSEWHERE, BAD_REQUEST, NO_JOB),
     )
     async def stop(self, jobid: str, body: Annotated[StopRequest | None, Body()] = None) -> Any:
-        owned(self.ctx, jobid)
         body = body or StopRequest()
-        if body.formatType not in ("CANONICAL", "NATIVE"):
+        return self._savepoint(
+            jobid, body.formatType, ("targetDirectory", body.targetDirectory),
+            terminate=True, trigger_id=body.triggerId, drain=body.drain,
+        )  # fmt: skip
+
+    def _savepoint(
+        self, jobid: str, format_type: str, target: tuple[str, str | None], **trigger: Any
+    ) -> Any:
+        """A savepoint (also of a stop) of a job running here; ``target``: the body's field
+        for the target directory (Flink names it differently in the two bodies) and its value."""
+        owned(self.ctx, jobid)
+        if format_type not in ("CANONICAL", "NATIVE"):
             return error(400, "formatType: must be CANONICAL or NATIVE")
-        problem = directory_problem(self.ctx, "targetDirectory", body.targetDirectory)
+        field, directory = target
+        problem = directory_problem(self.ctx, field, directory)
         if problem is not None:
             return problem
         try:
             request = self.ctx.trigger(
-                jobid,
-                True,
-                body.targetDirectory,
-                terminate=True,
-                format_type=SavepointFormat[body.formatType],
-                trigger_id=body.triggerId,
-                drain=body.drain,
+                jobid, True, directory, format_type=SavepointFormat[format_type], **trigger
             )
         except PathOutsideRoots as exc:
-            return error(400, f"targetDirectory: {exc}")
+            return error(400, f"{field}: {exc}")
         return {"request-id": request.request_id}
