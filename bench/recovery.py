@@ -50,7 +50,7 @@ from sparkpoint.agent.recovery.split import (
     filter_restored,
 )
 from sparkpoint.agent.rounds.channels import Channel, Segment
-from sparkpoint.agent.rounds.stages import KEY_GROUP_COLUMN, to_ipc
+from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN, to_ipc
 from sparkpoint.agent.runtime import Agent, AgentOptions
 from sparkpoint.agent.spark.session import spark_session
 from sparkpoint.common.avro import EventCodec

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from sparkpoint.agent.rounds.stages import FetchTask
+from sparkpoint.agent.rounds.fetch import FetchTask
 from sparkpoint.agent.sinks.kafka import Publish
 from sparkpoint.common.dev_certs import make_dev_certs
 from sparkpoint.common.kafka_config import KafkaConfigError, parse_properties

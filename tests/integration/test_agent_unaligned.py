@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sparkpoint.agent.recovery import channel_state
-from sparkpoint.agent.rounds.stages import KEY_GROUP_COLUMN, from_ipc
+from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN, from_ipc
 from sparkpoint.agent.runtime import Agent
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.keygroups import key_group_range

@@ -31,7 +31,7 @@ from sparkpoint.agent.recovery.split import (
     filter_restored,
 )
 from sparkpoint.agent.rounds.channels import Channel, Segment
-from sparkpoint.agent.rounds.stages import KEY_GROUP_COLUMN, from_ipc, to_ipc
+from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN, from_ipc, to_ipc
 from sparkpoint.agent.state.backend import write_file
 from sparkpoint.common.keygroups import key_group_range, key_groups
 from sparkpoint.common.settings import CheckpointConfig, ConfigError

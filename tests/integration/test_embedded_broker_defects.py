@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 
-from sparkpoint.agent.rounds.stages import FetchTask, read_ranges
+from sparkpoint.agent.rounds.fetch import FetchTask, read_ranges
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.broker import EmbeddedBroker
 from sparkpoint.common.kafka import (

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sparkpoint.agent.example import ensure_topic, generate, payments, reference_output
-from sparkpoint.agent.rounds.stages import FetchTask, read_ranges
+from sparkpoint.agent.rounds.fetch import FetchTask, read_ranges
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.events import (
     CheckpointEventType,

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from sparkpoint.agent.job import KafkaSink
-from sparkpoint.agent.rounds.stages import to_ipc
+from sparkpoint.agent.rounds.frames import to_ipc
 from sparkpoint.agent.sinks import kafka as sink_kafka
 from sparkpoint.agent.sinks.kafka import TRANSACTION_HEADER, KafkaSinkWriter
 from sparkpoint.common.avro import EventCodec

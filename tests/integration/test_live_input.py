@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from sparkpoint.agent.example import Payment, ensure_topic, payments, reference_output
-from sparkpoint.agent.rounds.stages import FetchTask, read_ranges
+from sparkpoint.agent.rounds.fetch import FetchTask, read_ranges
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.kafka import consumer_config, producer_config

@@ -1,4 +1,4 @@
-"""Stage 2 of a subtask on real files (services/sparkpoint/agent/rounds/stages.py): one call of the keyed function
+"""Stage 2 of a subtask on real files (services/sparkpoint/agent/rounds/ (fetch.py, process.py)): one call of the keyed function
 per round over every key group that got records, the state split back per key group. The
 output over several rounds and the end of input must equal the plain-Python reference, and each
 key group's state file must hold its own keys only (a rescale moves whole key groups)."""
@@ -14,14 +14,9 @@ import pytest
 
 from sparkpoint.agent.example import PaymentStats, payments, positive, reference_output
 from sparkpoint.agent.job import KeyedState, StateDescriptor, ValueState
-from sparkpoint.agent.rounds.stages import (
-    KEY_GROUP_COLUMN,
-    ProcessTask,
-    UserCodeRaised,
-    from_ipc,
-    process_subtask,
-    to_ipc,
-)
+from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN, from_ipc, to_ipc
+from sparkpoint.agent.rounds.process import ProcessTask, process_subtask
+from sparkpoint.agent.rounds.user_code import UserCodeRaised
 from sparkpoint.agent.state.backend import decode_state, read_file, working_path
 from sparkpoint.common.keygroups import key_group, key_groups
 

@@ -10,7 +10,8 @@ import pandas as pd
 
 from sparkpoint.agent.recovery import channel_state
 from sparkpoint.agent.rounds.channels import Channel
-from sparkpoint.agent.rounds.stages import KEY_GROUP_COLUMN, from_ipc, keep_key_groups, to_ipc
+from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN, from_ipc, to_ipc
+from sparkpoint.agent.rounds.process import keep_key_groups
 from sparkpoint.agent.state.backend import link_or_copy
 from sparkpoint.common.keygroups import key_group_range
 

@@ -1,4 +1,4 @@
-"""A job function raising inside a Spark task (services/sparkpoint/agent/rounds/stages.py): the task returns the
+"""A job function raising inside a Spark task (services/sparkpoint/agent/rounds/ (fetch.py, process.py)): the task returns the
 failure instead of raising it, so PySpark keeps its Python worker; the driver raises it with
 the function's exception name and the trace from the task. sparkpoint's own failures still raise
 in the task, where Spark may retry them."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkpoint.agent.rounds.stages import (
+from sparkpoint.agent.rounds.user_code import (
     UserCodeFailure,
     UserFunctionError,
     guarded,

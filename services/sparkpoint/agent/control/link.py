@@ -14,7 +14,7 @@ from collections.abc import Callable
 from confluent_kafka import TopicPartition
 
 from sparkpoint.agent.control.membership import Membership
-from sparkpoint.agent.rounds.stages import UserFunctionError
+from sparkpoint.agent.rounds.user_code import UserFunctionError
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.events import JobRegistered, JobStatus, JobStatusChanged
 from sparkpoint.common.kafka import (

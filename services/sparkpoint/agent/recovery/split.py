@@ -51,7 +51,7 @@ import pyarrow.ipc as ipc
 from sparkpoint.agent.faults import crash_point
 from sparkpoint.agent.recovery.channel_state import ChannelStateFile
 from sparkpoint.agent.rounds.channels import Channel, Segment
-from sparkpoint.agent.rounds.stages import KEY_GROUP_COLUMN
+from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN
 from sparkpoint.agent.state.backend import (
     into_place,
     link_or_copy,

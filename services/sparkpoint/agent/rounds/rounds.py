@@ -24,18 +24,9 @@ from sparkpoint.agent.control.progress import Progress
 from sparkpoint.agent.formats import ValueFormat
 from sparkpoint.agent.job import KafkaSource, KeyedFunction, MapFunction, Source
 from sparkpoint.agent.rounds.channels import Channel, Segment, SegmentFiles
-from sparkpoint.agent.rounds.stages import (
-    FetchResult,
-    FetchTask,
-    ProcessResult,
-    ProcessTask,
-    UserCodeFailure,
-    fetch_and_partition,
-    guarded,
-    output_file,
-    process_subtask,
-    unless_user_failed,
-)
+from sparkpoint.agent.rounds.fetch import FetchResult, FetchTask, fetch_and_partition
+from sparkpoint.agent.rounds.process import ProcessResult, ProcessTask, output_file, process_subtask
+from sparkpoint.agent.rounds.user_code import UserCodeFailure, guarded, unless_user_failed
 from sparkpoint.agent.sinks import Emit
 from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader

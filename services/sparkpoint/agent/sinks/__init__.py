@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from sparkpoint.agent.rounds.stages import from_ipc
+from sparkpoint.agent.rounds.frames import from_ipc
 from sparkpoint.agent.state.backend import delete_files
 
 log = logging.getLogger(__name__)

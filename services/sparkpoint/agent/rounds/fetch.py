@@ -1,0 +1,272 @@
+"""Stage 1, inside Spark tasks: read a Kafka offset range (or rows of a file), map and filter,
+assign key groups, partition by target subtask into segment files. Takes and returns plain
+picklable values; the driver plans and keeps the books (rounds.py)."""
+
+from __future__ import annotations
+
+import io
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.json as pajson
+from confluent_kafka import KafkaError
+
+from sparkpoint.agent.formats import JsonValues, ValueFormat
+from sparkpoint.agent.job import MapFunction
+from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN, to_ipc
+from sparkpoint.agent.rounds.user_code import user_code
+from sparkpoint.agent.sources.consumers import CONSUMERS
+from sparkpoint.agent.state.backend import read_file, write_files
+from sparkpoint.common.kafka import fetched
+from sparkpoint.common.kafka_config import Frozen
+from sparkpoint.common.keygroups import key_groups, operator_indexes
+
+IDLE_POLLS = 3
+"""Empty polls in a row after which a read with no planned end ahead stops (3 x
+`POLL_WAIT_S`): nothing more is arriving."""
+
+POLL_BATCH = 10_000
+
+POLL_WAIT_S = 0.05
+"""How long a stage-1 read waits for the next record before counting an idle poll."""
+
+
+@dataclass(frozen=True)
+class FetchTask:
+    bootstrap: str
+    topic: str
+    partition: int
+    start: int
+    end: int | None
+    """Stop before this offset (bounded sources); None: read what is there."""
+    max_records: int
+    key: str
+    max_parallelism: int
+    parallelism: int
+    format: str = "kafka"
+    """kafka (``topic`` and ``partition``), or parquet / json (``topic`` is a file URL)."""
+    channel_dir: str = ""
+    """Where the task writes its segments: ``<channel_dir>/s<subtask>/...``."""
+    fetch_id: int = 0
+    value_format: ValueFormat = field(default_factory=JsonValues)
+    """How Kafka values decode into columns."""
+    until: int | None = None
+    """The partition's end when the round was planned: the read stops there (Kafka)."""
+    max_duration_s: float = 0.2
+    """How long the read may take, from its first fetch (Kafka)."""
+    properties: Frozen = ()
+    """The consumer's client properties (the agent's configuration and the source's): a task
+    runs where the agent's configuration file may not be (Kafka)."""
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    topic: str
+    partition: int
+    next_offset: int
+    records: int
+    segments: list[tuple[int, str, int, int]]
+    """(subtask, segment file relative to the channel directory, rows, bytes) for every subtask
+    that got records: the records themselves stay on storage, the driver gets this."""
+    malformed: list[tuple[int, str]]
+    """(offset, reason) of records that were skipped, the first few."""
+    bytes_read: int = 0
+    """Bytes of the records read (values), for the driver's bytes-per-input-byte figure."""
+    capped: bool = False
+    """The read stopped at ``max_records`` or at its time bound: more may follow at once,
+    whatever the broker's high watermark says (the embedded broker's can stop at the last
+    batch's base offset)."""
+
+
+def segment_name(task: FetchTask, subtask: int) -> str:
+    """A segment file's name under the channel directory: unique per fetch, partition and
+    subtask, ordered by fetch."""
+    source = zlib.crc32(task.topic.encode()) % 10**8
+    return f"s{subtask:04d}/f{task.fetch_id:010d}-{source:08d}-p{task.partition:05d}.arrow"
+
+
+@dataclass
+class PartitionRead:
+    """What a stage-1 read took of one partition so far."""
+
+    task: FetchTask
+    values: list[bytes] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    next_offset: int = 0
+    closed: bool = False
+    """Nothing more is taken from it in this read."""
+    early: bool = False
+    """It stopped before its end was known to be reached: more may be read at once."""
+
+    def __post_init__(self) -> None:
+        self.next_offset = self.task.start
+        self._check()
+
+    @property
+    def short(self) -> bool:
+        """Short of the end the driver planned: records are known to be there."""
+        until = self.task.until
+        return not self.closed and until is not None and self.next_offset < until
+
+    @property
+    def unplanned(self) -> bool:
+        """Open with no planned end: it reads what is there."""
+        return not self.closed and self.task.until is None
+
+    def take(self, offset: int, value: bytes | None, key: bytes | None) -> None:
+        end = self.task.end
+        if self.closed or offset < self.next_offset or (end is not None and offset >= end):
+            return
+        self.values.append(value or b"")
+        self.keys.append(key)
+        self.offsets.append(offset)
+        self.next_offset = offset + 1
+        self._check()
+
+    def at_partition_end(self, offset: int) -> None:
+        """The broker reported the end of the partition at ``offset``: offsets below it without
+        a record (transaction markers) are passed, and an unbounded read closes (a bounded one
+        goes on to its own end, records may still be arriving)."""
+        if self.closed:
+            return
+        end = self.task.end
+        self.next_offset = max(self.next_offset, min(offset, end) if end is not None else offset)
+        self._check()
+        if end is None:
+            self.closed = True
+
+    def _check(self) -> None:
+        end = self.task.end
+        if end is not None and self.next_offset >= end:
+            self.closed = True
+        elif len(self.values) >= self.task.max_records:
+            self.closed = self.early = True
+
+
+def read_ranges(tasks: list[FetchTask]) -> list[PartitionRead]:
+    """Reads every task's partition at once, with one consumer (one fetch serves them all),
+    each from its ``start`` and for at most ``max_records`` records.
+
+    A partition's read ends at the first of: ``end`` (bounded sources), ``max_records``, the
+    end of the partition, or ``until`` (the end the driver planned), after which records that
+    already arrived are taken too, without waiting. The whole read ends once no partition is
+    short of its planned end and nothing more is already fetched, at the longest
+    ``max_duration_s`` of the tasks (the partitions still open may read on at once), or after
+    `IDLE_POLLS` empty polls when no planned end is ahead. The embedded broker's high watermark
+    can stop at the last batch's base offset: the rest of that batch arrives with the record at
+    ``until - 1`` and is taken with it, so a planned end reaches every record that had arrived.
+    Offsets that hold no record (transaction markers) are passed when the end of the partition
+    is reported."""
+    reads = {(t.topic, t.partition): PartitionRead(t) for t in tasks}
+    cluster = (tasks[0].bootstrap, tasks[0].properties)
+    consumer = CONSUMERS.take(cluster, [(t.topic, t.partition, t.start) for t in tasks])
+    try:
+        deadline = time.monotonic() + max(t.max_duration_s for t in tasks)
+        idle = 0
+        while not all(r.closed for r in reads.values()):
+            short = any(r.short for r in reads.values())
+            waiting = short or any(r.unplanned for r in reads.values())
+            left = deadline - time.monotonic()
+            wait = max(0.0, min(POLL_WAIT_S, left)) if waiting else 0.0
+            messages = fetched(consumer, wait, POLL_BATCH)
+            if not messages:
+                if not waiting:
+                    break  # every planned end, and whatever arrived with them
+                if time.monotonic() >= deadline:
+                    for read in reads.values():
+                        read.early |= not read.closed
+                    break
+                idle = 0 if short else idle + 1
+                if idle >= IDLE_POLLS:
+                    break  # no planned end ahead, and nothing arrives
+                continue
+            idle = 0
+            for message in messages:
+                read = reads[(str(message.topic()), int(message.partition() or 0))]
+                error = message.error()
+                if error is None:
+                    read.take(int(message.offset() or 0), message.value(), message.key())
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    read.at_partition_end(int(message.offset() or 0))
+                else:
+                    raise RuntimeError(f"{read.task.topic}[{read.task.partition}]: {error.str()}")
+            if time.monotonic() >= deadline:
+                for read in reads.values():
+                    read.early |= not read.closed
+                break  # out of time (what the last poll brought is taken)
+    except BaseException:
+        CONSUMERS.discard(consumer)
+        raise
+    CONSUMERS.give_back(cluster, consumer)
+    return [reads[(t.topic, t.partition)] for t in tasks]
+
+
+def read_file_rows(task: FetchTask) -> tuple[pd.DataFrame, int]:
+    """Rows ``start`` to ``start + max_records`` (at most ``end``) of a Parquet or JSON-lines file."""
+    import pyarrow.parquet as pq
+
+    data = read_file(task.topic)
+    if task.format == "parquet":
+        table = pq.read_table(pa.BufferReader(data))
+    else:
+        table = pajson.read_json(io.BytesIO(data))
+    stop = min(task.end if task.end is not None else table.num_rows, task.start + task.max_records)
+    return table.slice(task.start, max(0, stop - task.start)).to_pandas(), max(task.start, stop)
+
+
+def fetch_and_partition(tasks: list[FetchTask], map_function: MapFunction) -> list[FetchResult]:
+    """A stage-1 task: the partitions of one source subtask (Kafka: read together), each mapped,
+    keyed and written as segments per target subtask."""
+    if tasks[0].format == "kafka":
+        return [partition(read.task, read, map_function) for read in read_ranges(tasks)]
+    return [partition(task, None, map_function) for task in tasks]
+
+
+def partition(
+    task: FetchTask, read: PartitionRead | None, map_function: MapFunction
+) -> FetchResult:
+    """One partition's records (``read``, or rows of a file) mapped, keyed by key group and
+    written as one segment per target subtask."""
+    malformed: list[tuple[int, str]] = []
+    if read is not None:
+        bytes_read = sum(len(v) for v in read.values)
+        frame, malformed = task.value_format.decode(read.values, read.keys, read.offsets)
+        records, next_offset, early = len(read.values), read.next_offset, read.early
+    else:
+        frame, next_offset = read_file_rows(task)
+        records = len(frame)
+        early = records >= task.max_records
+        bytes_read = int(frame.memory_usage(deep=True).sum()) if records else 0
+    segments: list[tuple[int, str, int, int]] = []
+    if len(frame):
+        frame = user_code(map_function, frame)
+    if len(frame):
+        if task.key not in frame.columns:
+            raise KeyError(
+                f"key column {task.key!r} is not in the records after map (columns: {list(frame.columns)})"
+            )
+        groups = key_groups(frame[task.key].to_numpy(), task.max_parallelism)
+        subtasks = operator_indexes(task.max_parallelism, task.parallelism, groups)
+        frame = frame.assign(**{KEY_GROUP_COLUMN: groups})
+        written: dict[str, bytes] = {}
+        for subtask, part in frame.groupby(subtasks, sort=True):
+            data = to_ipc(part.reset_index(drop=True))
+            name = segment_name(task, int(subtask))
+            written[f"{task.channel_dir}/{name}"] = data
+            segments.append((int(subtask), name, len(part), len(data)))
+        # written whole (renamed into place on local disk): a checkpoint may hard-link them
+        write_files(written)
+    return FetchResult(
+        task.topic,
+        task.partition,
+        next_offset,
+        records,
+        segments,
+        malformed[:10],
+        bytes_read,
+        capped=early,
+    )
