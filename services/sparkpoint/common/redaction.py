@@ -24,11 +24,15 @@ REDACTED = "*********(redacted)"
 
 SECRET_KEY = re.compile(
     r"(?i)secret|password|passwd|token|credential|jaas|access[._-]?key|private[._-]?key"
-    r"|api[._-]?key|ssl\.key\.pem|keystore\.key"
+    r"|api[._-]?key|ssl\.key\.pem|keystore\.key|user[._-]?info|basic[._-]?auth"
+    r"|auth[._-]?params|http[._-]?headers|account\.key"
 )
 """Spark's default ``(?i)secret|password|token|access[.]?key``, widened for Kafka's client
-properties: ``sasl.password``, ``ssl.key.password``, ``sasl.jaas.config``,
-``sasl.oauthbearer.client.secret``, ``ssl.key.pem``, ``ssl.keystore.password``."""
+properties (``sasl.password``, ``ssl.key.password``, ``sasl.jaas.config``,
+``sasl.oauthbearer.client.secret``, ``ssl.key.pem``, ``ssl.keystore.password``), the Schema
+Registry client's (``basic.auth.user.info``: ``user:password``) and what Flink's
+``SENSITIVE_KEYS`` add (``basic-auth``, ``http-headers``, ``auth-params``,
+``fs.azure.account.key``)."""
 
 _PAIR = re.compile(
     r"""(?P<key>[A-Za-z0-9_.\-]+)(?P<sep>\s*[=:]\s*)(?P<quote>["']?)(?P<value>[^\s"',;}]+)"""
