@@ -78,6 +78,20 @@ def _certificate(
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
     )
+    # what strict X.509 verification (OpenSSL's -x509_strict, Python 3.13's default) requires:
+    # key usage, and key identifiers linking each certificate to its issuer
+    ca = issuer is None
+    usage = x509.KeyUsage(
+        digital_signature=not ca, content_commitment=False, key_encipherment=False,
+        data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
+        encipher_only=False, decipher_only=False,
+    )  # fmt: skip
+    builder = builder.add_extension(usage, True).add_extension(
+        x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False
+    )
+    builder = builder.add_extension(
+        x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()), False
+    )
     for extension, critical in extensions:
         builder = builder.add_extension(extension, critical)
     return builder.sign(signer, hashes.SHA256())
