@@ -202,6 +202,7 @@ def test_a_job_on_the_shared_spark_session_runs_exactly_and_spark_holds_no_secre
     conf = dict(spark.sparkContext.getConf().getAll())  # type: ignore[attr-defined]
     assert not any(secured.password in v for v in conf.values())
     assert conf.get("spark.redaction.regex", "").startswith("(?i)secret|password")
+    assert conf.get("spark.executorEnv.SPARKPOINT_TOPIC_PREFIX")  # executors' group names
     with coordinator.client() as client:
         shown = client.get(f"/jobs/{job.id}/config").text
         assert "fs.s3a.secret.key" in shown and secured.password not in shown

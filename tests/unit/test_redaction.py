@@ -34,3 +34,26 @@ def test_a_registry_user_info_is_redacted_and_registered() -> None:
         "schema.registry.basic.auth.user.info=svc:hunter2xyz\nsasl.password=pw123456\n", "p"
     )
     assert sorted(secrets_of(properties)) == ["pw123456", "svc:hunter2xyz"]
+
+
+def test_a_jobs_own_secrets_are_found_for_the_drivers_logs() -> None:
+    """The agent registers them when it starts: a source's and a sink's client properties, a
+    Schema Registry's user info, a secret-named setting."""
+    from dataclasses import replace
+
+    from sparkpoint.agent.example import example_job
+    from sparkpoint.agent.formats import ConfluentAvroValues
+    from sparkpoint.agent.job import KafkaSink, KafkaSource
+    from sparkpoint.agent.options import job_secrets
+
+    registry = ConfluentAvroValues(
+        "http://registry:8081", registry_properties={"basic.auth.user.info": "svc:registry-pw"}
+    )
+    job = replace(
+        example_job("secrets", "in", "out", True, 2, {"fs.s3a.secret.key": "s3-secret-1"}),
+        source=KafkaSource(["in"], properties={"sasl.password": "source-pw-1"}),
+        sink=KafkaSink("out", properties={"sasl.password": "sink-pw-1"}, value_format=registry),
+    )
+    assert sorted(job_secrets(job)) == sorted(
+        ["s3-secret-1", "source-pw-1", "sink-pw-1", "svc:registry-pw"]
+    )

@@ -14,6 +14,7 @@ from sparkpoint.agent.job import Job
 from sparkpoint.agent.rounds.channels import DEFAULT_CAPACITY_BYTES
 from sparkpoint.agent.state.backend import job_dirs
 from sparkpoint.common.options import in_families, normalise, without_effect
+from sparkpoint.common.redaction import secrets_of
 from sparkpoint.common.restarts import RestartConfig
 from sparkpoint.common.settings import CheckpointConfig, ConfigError, RecoveryConfig
 from sparkpoint.common.storage import absolute
@@ -141,3 +142,14 @@ def check_during_recovery(config: CheckpointConfig) -> None:
             "execution.checkpointing.unaligned.during-recovery.enabled",
             f"checkpoints during recovery need {' and '.join(missing)}",
         )
+
+
+def job_secrets(job: Job) -> list[str]:
+    """The secret values a job's definition holds (its settings, its Kafka source's and sink's
+    client properties, their Schema Registry settings): registered for redaction when the agent
+    starts, so no log line of the driver shows them (the tasks' logs are Spark's)."""
+    found = secrets_of(job.settings)
+    for part in (job.source, job.sink):
+        found += secrets_of(getattr(part, "properties", {}))
+        found += secrets_of(getattr(getattr(part, "value_format", None), "registry_properties", {}))
+    return found

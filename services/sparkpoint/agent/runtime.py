@@ -43,7 +43,13 @@ from sparkpoint.agent.control.progress import Progress
 from sparkpoint.agent.formats import JsonValues, ValueFormat, with_registry_settings
 from sparkpoint.agent.job import Job, KafkaSource
 from sparkpoint.agent.loop import JobLoop, Restart
-from sparkpoint.agent.options import MAX_ROWS_PER_ROUND, AgentOptions, JobSettings, Places
+from sparkpoint.agent.options import (
+    MAX_ROWS_PER_ROUND,
+    AgentOptions,
+    JobSettings,
+    Places,
+    job_secrets,
+)
 from sparkpoint.agent.recovery.filter_jobs import FilterJobs
 from sparkpoint.agent.recovery.restore import Restored, resolve_latest
 from sparkpoint.agent.rounds.channels import Channel, SegmentFiles
@@ -63,6 +69,7 @@ from sparkpoint.common.events import (
 from sparkpoint.common.kafka import EventPublisher, make_producer
 from sparkpoint.common.kafka_config import Frozen, client_properties, frozen
 from sparkpoint.common.keygroups import key_group_range
+from sparkpoint.common.redaction import register_secrets
 
 __all__ = ["MAX_ROWS_PER_ROUND", "Agent", "AgentOptions", "Restart"]
 
@@ -91,6 +98,7 @@ class Agent:
         self.parallelism = options.parallelism or job.parallelism
         self.max_parallelism = job.max_parallelism
         self.job_id = job.id
+        register_secrets(job_secrets(job))
         resolved = JobSettings.of(job, options)
         self.settings, self.config = resolved.settings, resolved.config
         self.recovery, self.restart_config = resolved.recovery, resolved.restarts

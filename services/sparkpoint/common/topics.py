@@ -88,8 +88,11 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
 )
 
 
+PREFIX_ENV = "SPARKPOINT_TOPIC_PREFIX"
+
+
 def topic_prefix() -> str:
-    return os.environ.get("SPARKPOINT_TOPIC_PREFIX", DEFAULT_PREFIX)
+    return os.environ.get(PREFIX_ENV, DEFAULT_PREFIX)
 
 
 class TopicMismatch(RuntimeError):

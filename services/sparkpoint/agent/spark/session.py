@@ -22,6 +22,7 @@ from sparkpoint.agent.spark.archive import (
     with_archive,
 )
 from sparkpoint.common.redaction import SECRET_KEY
+from sparkpoint.common.topics import PREFIX_ENV, topic_prefix
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,9 @@ def spark_session(
     # Spark's UI environment page and event log show a matching key's value as redacted: the
     # same keys as sparkpoint's own pages (Spark's default misses JAAS lines and key passwords)
     chosen.setdefault("spark.redaction.regex", SECRET_KEY.pattern)
+    # the executors' Kafka clients take the driver's topic prefix (their assign-only group,
+    # `<prefix>unassigned-<pid>`, is what a prefixed ACL grants: docs/security.md)
+    chosen.setdefault(f"spark.executorEnv.{PREFIX_ENV}", topic_prefix())
     # a URI: a bare path would resolve against the cluster's default file system (HDFS)
     chosen.setdefault("spark.scheduler.allocation.file", POOLS.resolve().as_uri())
     archive = archive_path() if class_archive else None
