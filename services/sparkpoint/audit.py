@@ -4,13 +4,22 @@ When the history service (`sparkpoint history`) answers, the story comes from it
 configuration change, and each job's kept checkpoints (the last 50 by default) with the counts of
 all. Otherwise, or with ``--replay``, the audit topics (configuration changes and checkpoint
 lifecycle) are replayed to the end offsets taken at start: every event, at the cost of reading
-them all. ``--follow`` then goes on printing events as they are written, until interrupted."""
+them all. ``--follow`` then goes on printing events as they are written, until interrupted.
+
+A secured history service (docs/security.md) is read with `Credentials` as the REST commands
+read the coordinator, from the history flags: a bearer token with the read role
+(``--history-token-file``, else ``$SPARKPOINT_HISTORY_TOKEN``) and, over https, a CA to trust
+(``--history-ca``, else the system's) and a client certificate (``--history-cert``,
+``--history-key``). Redirects are not followed, so the token goes only to the address given. A
+service that answers but cannot be read (it refuses the credentials, an HTTP error, a
+certificate not trusted) is `HistoryUnreadable`: one line saying why and which flag helps."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
+import ssl
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,6 +29,7 @@ from urllib.parse import quote
 import httpx
 from confluent_kafka import TopicPartition
 
+from sparkpoint.client import Credentials, RestError
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.events import (
     CheckpointEventType,
@@ -41,6 +51,10 @@ log = logging.getLogger(__name__)
 
 HISTORY_TIMEOUT_S = 1.0
 """How long `audit` waits for the history service before replaying the topics instead."""
+HISTORY_READ_TIMEOUT_S = 30.0
+"""How long each read of a history service that answered may take (one job's document)."""
+TOKEN_HINT = "--history-token-file or $SPARKPOINT_HISTORY_TOKEN: a token with the read role"
+"""What a 401 of the history service asks for (`earlier.TOKEN_ENV` is the variable)."""
 
 FINAL = {
     CheckpointEventType.COMPLETED,
@@ -214,12 +228,14 @@ def run(
     as_json: bool,
     say: Any,
     history_url: str | None = None,
+    credentials: Credentials | None = None,
 ) -> int:
-    """Prints the story: from the history service at ``history_url`` when given, else from a
-    replay of the topics. Returns the number of entries printed."""
+    """Prints the story: from the history service at ``history_url`` when given (read with
+    ``credentials``), else from a replay of the topics. Returns the number of entries printed;
+    a history service that cannot be read is `HistoryUnreadable`, before anything is printed."""
     since_ms = parse_since(since, int(time.time() * 1000))
     if history_url is not None:
-        selected = from_history(history_url, job_id, since_ms)
+        selected = from_history(history_url, job_id, since_ms, credentials)
         log.info("from the history service at %s (--replay reads every event)", history_url)
         for line in render(selected, {}, as_json):
             say(line)
@@ -245,33 +261,122 @@ def run(
 # --- from the history service -----------------------------------------------------------------
 
 
-def history_answers(url: str) -> bool:
+class HistoryUnreadable(Exception):
+    """The history service answered but cannot be read by this command: the message is one
+    line saying why and which flag helps, never the token."""
+
+
+def history_client(
+    url: str,
+    credentials: Credentials | None = None,
+    timeout_s: float = HISTORY_READ_TIMEOUT_S,
+    transport: httpx.BaseTransport | None = None,
+) -> httpx.Client:
+    """A client of the history service at ``url`` showing ``credentials``; a file among them
+    that cannot be used is a `ValueError` naming its flag."""
+    credentials = credentials or Credentials()
+    headers = {"Authorization": f"Bearer {credentials.token}"} if credentials.token else {}
+    verify: ssl.SSLContext | bool = True
+    if url.startswith("https:") or credentials.ca or credentials.cert or credentials.key:
+        try:
+            verify = credentials.ssl_context()
+        except RestError as exc:  # the coordinator's checks, said with the history's flags
+            raise ValueError(str(exc).replace("--rest-", "--history-")) from None
+    return httpx.Client(
+        base_url=url.rstrip("/"), headers=headers, verify=verify, timeout=timeout_s,
+        transport=transport,
+    )  # fmt: skip
+
+
+def history_answers(
+    url: str, credentials: Credentials | None = None, transport: httpx.BaseTransport | None = None
+) -> bool:
+    """Whether the history service at ``url`` is there and ready (its status is open to all).
+    Not there is False, and the topics are replayed; there but its certificate not trusted, or
+    our client certificate refused, is `HistoryUnreadable`."""
+    with history_client(url, credentials, HISTORY_TIMEOUT_S, transport) as client:
+        try:
+            answer = client.get("/history/status")
+        except httpx.HTTPError as exc:
+            refusal = _tls_refusal(exc)
+            if refusal is not None:
+                raise HistoryUnreadable(f"the history service at {url}: {refusal}") from None
+            return False
     try:
-        answer = httpx.get(f"{url.rstrip('/')}/history/status", timeout=HISTORY_TIMEOUT_S)
-    except httpx.HTTPError:
-        return False
-    return answer.status_code == 200 and bool(answer.json().get("ready"))
+        return answer.status_code == 200 and bool(answer.json().get("ready"))
+    except (ValueError, AttributeError):
+        return False  # something else listens there
 
 
-def from_history(url: str, job_id: str | None, since_ms: int | None) -> list[Entry]:
+def from_history(
+    url: str,
+    job_id: str | None,
+    since_ms: int | None,
+    credentials: Credentials | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> list[Entry]:
     """The entries the history service keeps, as a replay would list them."""
-    base = url.rstrip("/")
-    with httpx.Client(base_url=base, timeout=30) as client:
+    with history_client(url, credentials, transport=transport) as client:
         if job_id is None:
-            jobs = [j["sparkpoint.job_id"] for j in client.get("/jobs/overview").json()["jobs"]]
+            overview = _read(client, url, "/jobs/overview")
+            try:
+                jobs = [j["sparkpoint.job_id"] for j in overview.json()["jobs"]]
+            except (ValueError, KeyError, TypeError):
+                raise HistoryUnreadable(
+                    f"the history service at {url} answered GET /jobs/overview with no job list"
+                ) from None
         else:
             jobs = [job_id]
         selected: list[Entry] = []
         for job in jobs:
-            answer = client.get(f"/jobs/{quote(job, safe='')}/history")
+            answer = _read(client, url, f"/jobs/{quote(job, safe='')}/history")
             if answer.status_code == 404:
                 continue
-            answer.raise_for_status()
             selected.extend(_history_entries(answer.json()))
     return sorted(
         (e for e in selected if since_ms is None or e.timestamp_ms >= since_ms),
         key=lambda e: e.timestamp_ms,
     )
+
+
+def _read(client: httpx.Client, url: str, path: str) -> httpx.Response:
+    """GET ``path``: its answer when 200 or 404, else `HistoryUnreadable` in one line, naming
+    the flag that helps when the service refused us."""
+    try:
+        answer = client.get(path)
+    except httpx.HTTPError as exc:
+        why = _tls_refusal(exc) or f"no answer to GET {path} ({str(exc) or type(exc).__name__})"
+        raise HistoryUnreadable(f"the history service at {url}: {why}") from None
+    if answer.status_code in (200, 404):
+        return answer
+    try:
+        said = "; ".join(answer.json()["errors"])
+    except (ValueError, KeyError, TypeError):
+        said = answer.reason_phrase
+    hint = {
+        401: f" ({TOKEN_HINT})",
+        403: " (a token or client certificate the history service admits with the read role: "
+        "--history-token-file, --history-cert)",
+    }.get(answer.status_code, "")
+    raise HistoryUnreadable(
+        f"the history service at {url} refused GET {path} with HTTP {answer.status_code}: "
+        f"{said}{hint}"
+    )
+
+
+def _tls_refusal(exc: BaseException) -> str | None:
+    """Why a TLS handshake failed, with the flag that helps; None when TLS was not the cause."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ssl.SSLError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return f"its certificate is not trusted ({cause.verify_message}): --history-ca names the CA"
+    if isinstance(cause, ssl.SSLError):
+        return (
+            f"TLS refused ({cause.reason or cause}): a history service with mutual TLS needs "
+            "--history-cert and --history-key"
+        )
+    return None
 
 
 def _history_entries(doc: dict[str, Any]) -> list[Entry]:

@@ -357,13 +357,29 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from sparkpoint import audit
+    from sparkpoint.client import Credentials
+    from sparkpoint.common.redaction import register_secrets
+    from sparkpoint.coordinator.service.earlier import TOKEN_ENV as HISTORY_TOKEN_ENV
 
     history_url = args.history or os.environ.get("SPARKPOINT_HISTORY_URL", DEFAULT_HISTORY_URL)
+    token = os.environ.get(HISTORY_TOKEN_ENV, "").strip() or None
+    if args.history_token_file is not None:
+        token = read_token(args.history_token_file, "--history-token-file")
+    register_secrets([token] if token else [])
+    credentials = Credentials(token, args.history_ca, args.history_cert, args.history_key)
     try:
-        if not args.replay and audit.history_answers(history_url):
-            audit.run(bootstrap_servers(args.bootstrap), args.job, args.since, args.json, say,
-                      history_url)  # fmt: skip
-        else:
+        told = False
+        if not args.replay:
+            try:
+                if audit.history_answers(history_url, credentials):
+                    audit.run(bootstrap_servers(args.bootstrap), args.job, args.since, args.json,
+                              say, history_url, credentials)  # fmt: skip
+                    told = True
+            except audit.HistoryUnreadable as exc:
+                if args.history is not None:  # asked for by name: fix what it says, then retry
+                    raise OperationFailed(str(exc)) from None
+                print(f"sparkpoint: {exc}; replaying the topics instead", file=sys.stderr)
+        if not told:
             audit.run(reachable(args.bootstrap), args.job, args.since, args.json, say)
         if args.follow:
             audit.follow(reachable(args.bootstrap), args.job, args.json, say)

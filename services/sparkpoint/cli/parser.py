@@ -392,7 +392,32 @@ def add_audit_command(commands: Any) -> None:
         "--history",
         metavar="URL",
         help="the history service to read from (default: $SPARKPOINT_HISTORY_URL, else "
-        f"{DEFAULT_HISTORY_URL}); the topics are replayed when it does not answer",
+        f"{DEFAULT_HISTORY_URL}); the topics are replayed when it does not answer, or when the "
+        "default one refuses (said on stderr); refused by the one named here, audit fails",
+    )
+    credentials = audit.add_argument_group(
+        "a secured history service", "credentials and trust for it (docs/security.md)"
+    )
+    credentials.add_argument(
+        "--history-token-file",
+        type=Path,
+        metavar="FILE",
+        help="a bearer token with the read role (default: $SPARKPOINT_HISTORY_TOKEN)",
+    )
+    credentials.add_argument(
+        "--history-ca",
+        type=Path,
+        metavar="PEM",
+        help="CA certificates to trust for https (default: the system's)",
+    )
+    credentials.add_argument(
+        "--history-cert", type=Path, metavar="PEM", help="client certificate for mutual TLS"
+    )
+    credentials.add_argument(
+        "--history-key",
+        type=Path,
+        metavar="PEM",
+        help="its private key, if not in the certificate's file",
     )
     audit.add_argument(
         "--replay", action="store_true", help="replay every event from the topics instead"
