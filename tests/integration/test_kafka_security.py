@@ -257,3 +257,26 @@ def test_exactly_once_through_kill_points_on_a_secured_broker(
     `sparkpoint` command passes it on; a producer writes the whole time."""
     log = exactly_once_through(coordinator, unique("secured"), ("after-ack:2", "mid-publish"))
     assert secured.password not in log  # the last agent's verbose log
+
+
+def test_the_fronts_refuse_a_malformed_handshake_with_one_line_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """A SaslHandshake whose mechanism is not UTF-8: the connection is closed, and the front's
+    log says why in one line (it logged an unhandled exception's traceback before)."""
+    import socket
+    import struct
+
+    from sparkpoint.common.broker import BrokerSecurity, EmbeddedBroker
+
+    log = tmp_path / "broker.log"
+    security = BrokerSecurity(users={"alice": "alice-password"})
+    with EmbeddedBroker(security=security, log_file=log) as broker:
+        mechanism = b"\xff\xfe\xfd"
+        body = struct.pack(">hhih", 17, 1, 7, -1) + struct.pack(">h", len(mechanism)) + mechanism
+        with socket.create_connection((broker.host, broker.port or 0), timeout=10) as raw:
+            raw.sendall(struct.pack(">i", len(body)) + body)
+            assert raw.recv(1024) == b""  # closed
+        wait(lambda: "closed:" in log.read_text(errors="replace"), what="the front's line")
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text and "never retrieved" not in text

@@ -58,6 +58,10 @@ SCRAM_ITERATIONS = 4096
 RELAY_CHUNK = 262_144
 
 TLS_HANDSHAKE_S = 10.0
+
+AUTHENTICATION_S = 30.0
+"""A connection that has not authenticated this long after it opened is closed (Kafka's
+``connections.max.reauth.ms`` aside, a broker closes idle unauthenticated connections too)."""
 """A client that opens a connection and never completes its TLS handshake is dropped then."""
 
 
@@ -330,14 +334,17 @@ class Front:
             writer.close()
             return
         try:
-            if self.settings.users and not await self.authenticate(
-                reader, writer, upstream_reader, upstream_writer, peer
+            if self.settings.users and not await asyncio.wait_for(
+                self.authenticate(reader, writer, upstream_reader, upstream_writer, peer),
+                AUTHENTICATION_S,
             ):
                 return
             await asyncio.gather(_relay(reader, upstream_writer), _relay(upstream_reader, writer))
         except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
             pass  # the client or the broker went away
-        except ProtocolViolation as exc:
+        except TimeoutError:
+            log.warning("%s: closed: not authenticated within %.0f s", peer, AUTHENTICATION_S)
+        except (ProtocolViolation, UnicodeDecodeError, struct.error) as exc:
             log.warning("%s: closed: %s", peer, exc)
         finally:
             for end in (writer, upstream_writer):
