@@ -197,6 +197,9 @@ def test_a_token_removed_from_the_access_list_is_refused_without_a_restart(
                 assert answered(client.get("/jobs")).status_code == 401
                 access.write_text("tokens: [unclosed")  # a broken edit refuses everyone
                 assert answered(client.get("/jobs")).status_code == 503
+                access.write_text("")  # emptied (`: > access.json`): broken too, not empty
+                emptied = answered(client.get("/jobs"))
+                assert emptied.status_code == 503, emptied.text
             with coordinator.https(token=OPERATE_TOKEN) as client:
                 assert answered(client.get("/jobs")).status_code == 503
                 write_access_list(access)
@@ -264,6 +267,27 @@ def test_a_trusted_certificate_is_its_cn_principal_and_has_its_role(
         agent.wait_for(lambda: len(agent.cancels) == 1, what="the cancellation")
         assert agent.cancels[0].requested_by == "ci-pipeline"
     finally:
+        agent.stop()
+
+
+def test_an_emptied_access_list_lets_no_certificate_operate(
+    mutual: Secured, codec: EventCodec
+) -> None:
+    """Emptied, the list would have left every certificate the default role, operate: it is a
+    broken file instead, every request refused (503) until it lists again."""
+    access = mutual.root / "access.json"
+    kept = access.read_text()
+    agent = job(mutual, codec)
+    try:
+        access.write_text("# every grant revoked\n")
+        with mutual.https("oncall") as oncall:
+            refused = answered(oncall.patch(f"/jobs/{agent.job_id}", params={"mode": "cancel"}))
+            assert refused.status_code == 503, refused.text
+            access.write_text(kept)
+            assert answered(oncall.get(f"/jobs/{agent.job_id}")).status_code == 200
+        assert agent.cancels == []
+    finally:
+        access.write_text(kept)
         agent.stop()
 
 

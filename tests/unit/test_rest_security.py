@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from sparkpoint.common.rest_security.access import (
     certificate_name,
     parse_access_list,
 )
+from sparkpoint.common.rest_security.access_file import AccessFile, read_access_list
 from sparkpoint.common.rest_security.guard import PRINCIPAL
 from sparkpoint.common.rest_security.settings import (
     SecuritySettingsError,
@@ -83,7 +85,7 @@ def test_the_digest_is_sha256_hex_as_sha256sum_prints_it() -> None:
          "tokens entry 2 (b): the same token as a"),
         ({"certificates": ["ci"]}, "certificates must map"),
         ({"certificates": {"ci": "root"}}, "certificates.ci: role 'root'"),
-        ({"certificate-default-role": "all"}, "certificate-default-role: role 'all'"),
+        ({"tokens": [], "certificate-default-role": "all"}, "certificate-default-role: role 'all'"),
     ],
 )  # fmt: skip
 def test_a_malformed_access_list_names_its_file_and_what_is_wrong(data: Any, expected: str) -> None:
@@ -93,9 +95,42 @@ def test_a_malformed_access_list_names_its_file_and_what_is_wrong(data: Any, exp
     assert expected in str(raised.value)
 
 
-def test_an_empty_file_is_an_empty_list_that_admits_only_certificates() -> None:
-    access = parse_access_list(None, "access.yaml")
+@pytest.mark.parametrize(
+    "text",
+    ["", "# every token revoked\n", "certificate-default-role: none\n", "{}"],
+    ids=["empty", "comments-only", "cut-before-the-lists", "empty-json"],
+)
+def test_a_file_listing_neither_tokens_nor_certificates_is_broken_not_empty(
+    text: str, tmp_path: Path
+) -> None:
+    # such a list would let every certificate of the client CA operate (the default role)
+    path = tmp_path / "access.yaml"
+    path.write_text(text)
+    with pytest.raises(AccessListError) as raised:
+        read_access_list(path)
+    assert str(raised.value).startswith(f"{path}: neither tokens nor certificates")
+
+
+def test_a_list_with_no_token_says_so_and_admits_certificates_by_the_default_role() -> None:
+    access = parse_access_list({"tokens": []}, "access.yaml")
     assert access.tokens == {} and access.certificate_role is Role.OPERATE
+    assert parse_access_list({"certificates": None}, "access.yaml").certificates == {}
+
+
+def test_an_emptied_access_file_refuses_every_request_until_it_lists_again(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "access.yaml"
+    path.write_text("certificates: {oncall: read}\ncertificate-default-role: none\n")
+    current = AccessFile(path).current
+    assert authenticate(None, "stranger", current()) == Refusal(
+        403, "the client certificate 'stranger' is not admitted"
+    )
+    path.write_text("")  # `: > access.yaml`, or an editor between truncating and writing
+    refused = authenticate(None, "stranger", current())
+    assert isinstance(refused, Refusal) and refused.status == 503
+    path.write_text("certificates: {oncall: read}\ncertificate-default-role: none\n# fixed\n")
+    assert authenticate(None, "oncall", current()) == Identity("oncall", Role.READ, "certificate")
 
 
 def test_certificates_get_their_listed_role_else_the_default_role() -> None:

@@ -111,16 +111,23 @@ def parse_access_list(data: Any, source: str) -> AccessList:
         certificates: {ci-pipeline: operate, oncall: read}
         certificate-default-role: none
 
-    ``source`` (the file) begins every error message."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
+    ``source`` (the file) begins every error message. A document with neither ``tokens`` nor
+    ``certificates`` (an empty or comment-only file, or one caught while an editor rewrites it
+    in place) is an error, not an empty list: such a list would leave every certificate of the
+    client CA its default role, ``operate``, when the file meant to grant less. A list meant to
+    hold no token says so: ``tokens: []``."""
+    if not isinstance(data, dict | None):
         raise AccessListError(f"{source}: expected a mapping with tokens and certificates")
-    unknown = set(data) - {"tokens", "certificates", "certificate-default-role"}
+    unknown = set(data or ()) - {"tokens", "certificates", "certificate-default-role"}
     if unknown:
         raise AccessListError(
             f"{source}: unknown key {sorted(unknown)[0]!r} (known: tokens, certificates, "
             "certificate-default-role)"
+        )
+    if not data or not {"tokens", "certificates"} & set(data):
+        raise AccessListError(
+            f"{source}: neither tokens nor certificates (an empty or half-written file?); "
+            "every request is refused until it lists them (tokens: [] for none)"
         )
     tokens, clear = _tokens(_or(data.get("tokens"), []), source)
     certificates = _certificates(_or(data.get("certificates"), {}), source)

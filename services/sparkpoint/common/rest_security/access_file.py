@@ -3,9 +3,12 @@ stops the service with a message naming it), and read again whenever it changes,
 granted or revoked without a restart.
 
 A change is seen at the next request (the file's modification time, size and inode are compared
-on each one: a ``stat``, a few microseconds). A file that no longer parses, or is gone, refuses
-every request (503) and says why in the log, once per version of the file, until it is fixed:
-an edit that breaks the file never leaves a revoked token working.
+on each one: a ``stat``, a few microseconds). A file that no longer parses, lists neither tokens
+nor certificates (emptied, comments only, or caught half-written by an editor that rewrites it
+in place), or is gone, refuses every request (503) and says why in the log, once per version of
+the file, until it is fixed: an edit that breaks the file never leaves a revoked token working,
+nor lets every certificate of the client CA operate. Writing a new file and renaming it over
+the old one is never seen half-written.
 """
 
 from __future__ import annotations
