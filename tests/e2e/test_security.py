@@ -139,6 +139,12 @@ def test_the_broker_and_the_demo_refuse_security_flags_that_cannot_work(tmp_path
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
     assert missing.returncode == 2 and "none.pem: no such file" in missing.stderr
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    junk = subprocess.run(
+        [SPARKPOINT, "broker", "--tls-cert", str(tmp_path / "junk.pem")],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert junk.returncode == 2 and "junk.pem" in junk.stderr and "not a PEM" in junk.stderr
     both = subprocess.run(
         [SPARKPOINT, "demo", "--secure", "--bootstrap", "127.0.0.1:1"],
         capture_output=True, text=True, timeout=30, check=False,

@@ -69,10 +69,12 @@ def broker_security(args: argparse.Namespace) -> BrokerSecurity:
         raise OperationFailed("--tls-client-ca needs --tls-cert: client certificates need TLS")
     users = secure_broker.sasl_users(args.sasl_users) if args.sasl_users else {}
     cert = str(args.tls_cert) if args.tls_cert else None
-    return BrokerSecurity(
+    security = BrokerSecurity(
         cert, str(args.tls_key or args.tls_cert) if cert else None,
         str(args.tls_client_ca) if args.tls_client_ca else None, users,
     )  # fmt: skip
+    secure_broker.check_files(security)
+    return security
 
 
 def cmd_topics_create(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 import signal
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +68,28 @@ def sasl_users(path: Path) -> dict[str, str]:
         raise KafkaConfigError(f"{path}: no user (expected name=password lines)")
     register_secrets(list(users.values()))
     return users
+
+
+def check_files(security: BrokerSecurity) -> None:
+    """Each file of ``security`` usable as TLS needs it, or `KafkaConfigError` naming it (the
+    front runs as a process of its own: a file it cannot use would only show as its exit)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    if security.certfile is not None:
+        try:
+            context.load_cert_chain(security.certfile, security.keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            raise KafkaConfigError(
+                f"--tls-cert {security.certfile} / --tls-key {security.keyfile}: not a PEM "
+                f"certificate and its unencrypted key ({exc.strerror or exc})"
+            ) from None
+    if security.client_ca is not None:
+        try:
+            context.load_verify_locations(security.client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise KafkaConfigError(
+                f"--tls-client-ca {security.client_ca}: not PEM CA certificates "
+                f"({exc.strerror or exc})"
+            ) from None
 
 
 def serve(port: int, host: str, security: BrokerSecurity, say: Callable[[str], None]) -> None:
