@@ -30,6 +30,7 @@ from sparkpoint.common.rest_security.settings import (
     trusted,
 )
 from sparkpoint.coordinator.main import advertised_url
+from sparkpoint.coordinator.rest.flink_compat import FORWARD, forward
 
 pytestmark = pytest.mark.unit
 
@@ -279,6 +280,27 @@ def test_trusted_proxies_are_addresses_or_networks() -> None:
 def test_the_advertised_url_follows_the_scheme() -> None:
     assert advertised_url("10.0.0.5", 8081, None, "https") == "https://10.0.0.5:8081"
     assert advertised_url("10.0.0.5", 8081, None) == "http://10.0.0.5:8081"
+
+
+# forwarding to the owning instance
+
+
+def forwarded(scheme: str, owner: str) -> tuple[int, dict[str, Any]]:
+    scope = {
+        "type": "http", "scheme": scheme, "method": "POST", FORWARD: "/v1/jobs/j/savepoints",
+        "headers": [(b"authorization", f"Bearer {ALICE}".encode())],
+    }  # fmt: skip
+    answer = asyncio.run(forward(owner, scope, b"{}", "", {0}))
+    return answer.status_code, json.loads(answer.body)
+
+
+def test_a_request_that_came_over_https_is_never_forwarded_to_a_plain_http_owner() -> None:
+    status, body = forwarded("https", "http://10.0.0.7:8081")
+    assert status == 503
+    (message,) = body["errors"]
+    assert message.startswith("the instance that owns the job (http://10.0.0.7:8081)")
+    assert "refusing to forward credentials over plain http" in message
+    assert ALICE not in message
 
 
 # the guard, driven in memory

@@ -6,7 +6,10 @@
   ``/jobs/{jobid}/...`` path takes the JobID or the job id.
 - **No redirects for Flink's clients**: Flink's REST client does not follow a 307, so a request
   that came through ``/v1/`` or the dashboard for a job another instance owns is forwarded to
-  that instance and its answer returned (a plain request still gets the documented 307).
+  that instance and its answer returned (a plain request still gets the documented 307). The
+  forwarded request keeps the caller's bearer token, so a request that came over https is never
+  forwarded to an owner announced on plain http (503 naming it); between instances that all
+  serve plain http it is, as the operator chose.
 - **Flink's web dashboard** (``sparkpoint coordinator --flink-web-ui PATH``): the Angular app
   from a flink-dist jar's ``web/`` folder or an unpacked folder, served at ``/flink/``. It asks
   for REST paths relative to where it is served (``/flink/jobs/overview``): those are routed as
@@ -16,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import mimetypes
 import ssl
@@ -177,13 +181,24 @@ async def forward(
     other partition than those left). ``tls``: how to call the owner over https (with mutual
     TLS, this instance's certificate). The principal header is the one this instance audited,
     when it authenticated the request: the owner believes it if this instance's address is one
-    of its trusted proxies."""
+    of its trusted proxies. A request that came over https goes to an https owner only (503
+    otherwise): its bearer token, and the owner's answer, never travel in clear."""
     url = httpx.URL(f"{owner}{scope[FORWARD]}" + (f"?{query}" if query else ""))
     headers = {
         k.decode("latin-1"): v.decode("latin-1")
         for k, v in scope.get("headers", [])
         if k.lower() in FORWARDED_HEADERS
     }
+    if scope.get("scheme") == "https" and url.scheme != "https":
+        log.warning(
+            "%s %s not forwarded to %s: it serves plain http and this instance https",
+            scope["method"], scope[FORWARD], owner,
+        )  # fmt: skip
+        return _unavailable(
+            f"the instance that owns the job ({owner}) serves plain http: refusing to forward "
+            "credentials over plain http (give every instance TLS and an https "
+            "--advertised-rest-url)"
+        )
     audited = audited_principal(scope)
     if audited is not None:
         headers = {k: v for k, v in headers.items() if k.lower() != "x-sparkpoint-principal"}
@@ -196,14 +211,19 @@ async def forward(
         log.warning(
             "forwarding %s %s to %s failed: %s", scope["method"], scope[FORWARD], owner, exc
         )
-        return Response(
-            f'{{"errors": ["the instance that owns the job ({owner}) did not answer: {type(exc).__name__}"]}}',
-            status_code=503,
-            media_type="application/json",
+        return _unavailable(
+            f"the instance that owns the job ({owner}) did not answer: {type(exc).__name__}"
         )
     kind = answer.headers.get("content-type", "application/json")
     kept = {"Location": answer.headers["location"]} if "location" in answer.headers else None
     return Response(answer.content, status_code=answer.status_code, media_type=kind, headers=kept)
+
+
+def _unavailable(message: str) -> Response:
+    """503 in Flink's error shape."""
+    return Response(
+        json.dumps({"errors": [message]}), status_code=503, media_type="application/json"
+    )
 
 
 def dashboard_config() -> dict[str, Any]:
