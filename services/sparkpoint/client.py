@@ -4,8 +4,10 @@ instance reaches the one that owns the job.
 
 A secured coordinator (docs/security.md) takes a bearer token (`Credentials.token`), and over
 https a CA to trust (else the system's) and, for mutual TLS, a client certificate and key. The
-token is sent only over https or to the address the command was given, never in a redirect from
-https to plain http, and it is never part of an error message.
+token is sent to the address the command was given and, when that address is https, to any
+https address it redirects to; never in a redirect to plain http, and from a plain-http address
+never to another host or port (`Rest.may_carry_token`): such a redirect is not followed, the
+error names where it led. The token is never part of an error message.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urljoin, urlsplit
 
 DEFAULT_REST = "http://127.0.0.1:8081"
 MAX_REDIRECTS = 5
@@ -116,14 +118,26 @@ class Rest:
             handlers.append(urllib.request.HTTPSHandler(context=self.credentials.ssl_context()))
         self._opener = urllib.request.build_opener(*handlers)
 
+    def may_carry_token(self, url: str) -> bool:
+        """Whether the token may go to ``url``: from an https base to any https address, else
+        only to the base's own scheme, host and port."""
+        to, base = urlsplit(url), urlsplit(self.base)
+        if to.scheme == base.scheme == "https":
+            return True
+        return _origin(to) == _origin(base)
+
     def headers(self, url: str) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
         if self.credentials.token is not None:
-            if urlsplit(url).scheme != "https" and urlsplit(self.base).scheme == "https":
-                raise RestError(
-                    0, f"{self.base} redirected to {url}: not followed, the token would travel "
-                    "in clear",
-                )  # fmt: skip
+            if not self.may_carry_token(url):
+                if urlsplit(self.base).scheme == "https":
+                    why = "the token would travel in clear"
+                else:
+                    why = (
+                        f"over plain http the token goes only to {self.base} (give the owning "
+                        "instance's address with --rest, or serve https)"
+                    )
+                raise RestError(0, f"{self.base} redirected to {url}: not followed, {why}")
             headers["Authorization"] = f"Bearer {self.credentials.token}"
         return headers
 
@@ -144,7 +158,7 @@ class Rest:
                     )
             except urllib.error.HTTPError as exc:
                 if exc.code in (307, 308) and exc.headers.get("Location"):
-                    url = exc.headers["Location"]
+                    url = urljoin(url, exc.headers["Location"])
                     continue
                 raise RestError(exc.code, _errors(exc)) from None
             except urllib.error.URLError as exc:
@@ -169,6 +183,15 @@ class Rest:
                 return operation
             time.sleep(POLL_INTERVAL_S)
         raise RestError(0, f"no result within {timeout_s:.0f} s")
+
+
+def _origin(url: SplitResult) -> tuple[str, str | None, int | None]:
+    """Scheme, host and port (the scheme's default when none is written)."""
+    try:
+        port = url.port
+    except ValueError:  # not a number: matches no base
+        return url.scheme, None, -1
+    return url.scheme, url.hostname, port or {"http": 80, "https": 443}.get(url.scheme)
 
 
 def _reason(exc: OSError) -> str:
