@@ -55,6 +55,10 @@ HISTORY_READ_TIMEOUT_S = 30.0
 """How long each read of a history service that answered may take (one job's document)."""
 TOKEN_HINT = "--history-token-file or $SPARKPOINT_HISTORY_TOKEN: a token with the read role"
 """What a 401 of the history service asks for (`earlier.TOKEN_ENV` is the variable)."""
+MUTUAL_TLS_HINT = (
+    "a history service under mutual TLS needs a client certificate its CA signed: "
+    "--history-cert and --history-key"
+)
 
 FINAL = {
     CheckpointEventType.COMPLETED,
@@ -298,7 +302,7 @@ def history_answers(
         try:
             answer = client.get("/history/status")
         except httpx.HTTPError as exc:
-            refusal = _tls_refusal(exc)
+            refusal = _tls_refusal(exc, url)
             if refusal is not None:
                 raise HistoryUnreadable(f"the history service at {url}: {refusal}") from None
             return False
@@ -345,7 +349,9 @@ def _read(client: httpx.Client, url: str, path: str) -> httpx.Response:
     try:
         answer = client.get(path)
     except httpx.HTTPError as exc:
-        why = _tls_refusal(exc) or f"no answer to GET {path} ({str(exc) or type(exc).__name__})"
+        why = (
+            _tls_refusal(exc, url) or f"no answer to GET {path} ({str(exc) or type(exc).__name__})"
+        )
         raise HistoryUnreadable(f"the history service at {url}: {why}") from None
     if answer.status_code in (200, 404):
         return answer
@@ -359,23 +365,24 @@ def _read(client: httpx.Client, url: str, path: str) -> httpx.Response:
         "--history-token-file, --history-cert)",
     }.get(answer.status_code, "")
     raise HistoryUnreadable(
-        f"the history service at {url} refused GET {path} with HTTP {answer.status_code}: "
+        f"the history service at {url} answered GET {path} with HTTP {answer.status_code}: "
         f"{said}{hint}"
     )
 
 
-def _tls_refusal(exc: BaseException) -> str | None:
-    """Why a TLS handshake failed, with the flag that helps; None when TLS was not the cause."""
+def _tls_refusal(exc: httpx.HTTPError, url: str) -> str | None:
+    """Why TLS kept us out, with the flag that helps; None when TLS was not the cause."""
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, ssl.SSLError):
         cause = cause.__cause__ or cause.__context__
     if isinstance(cause, ssl.SSLCertVerificationError):
         return f"its certificate is not trusted ({cause.verify_message}): --history-ca names the CA"
     if isinstance(cause, ssl.SSLError):
-        return (
-            f"TLS refused ({cause.reason or cause}): a history service with mutual TLS needs "
-            "--history-cert and --history-key"
-        )
+        return f"TLS refused ({cause.reason or cause}): {MUTUAL_TLS_HINT}"
+    if isinstance(exc, httpx.RemoteProtocolError) and url.startswith("https:"):
+        # aiohttp under mutual TLS closes a connection whose client certificate it does not
+        # trust (or that has none) without a TLS alert: a disconnection is all we see
+        return f"it closed the connection without an answer ({MUTUAL_TLS_HINT})"
     return None
 
 
