@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sparkpoint.common.redaction import REDACTED, register_secrets
 from sparkpoint.common.rest_security import RestGuard, RestSecurity, Role, token_digest
 from sparkpoint.common.rest_security.access import (
     AccessList,
@@ -29,7 +32,7 @@ from sparkpoint.common.rest_security.settings import (
     proxy_network,
     trusted,
 )
-from sparkpoint.coordinator.main import advertised_url
+from sparkpoint.coordinator.main import UVICORN_LOGGERS, advertised_url, uvicorn_config
 from sparkpoint.coordinator.rest.flink_compat import FORWARD, forward
 
 pytestmark = pytest.mark.unit
@@ -280,6 +283,36 @@ def test_trusted_proxies_are_addresses_or_networks() -> None:
 def test_the_advertised_url_follows_the_scheme() -> None:
     assert advertised_url("10.0.0.5", 8081, None, "https") == "https://10.0.0.5:8081"
     assert advertised_url("10.0.0.5", 8081, None) == "http://10.0.0.5:8081"
+
+
+# what uvicorn logs
+
+
+@pytest.fixture
+def uvicorn_logging() -> Iterator[None]:
+    """uvicorn's loggers as they were before the test configured them."""
+    kept = {name: (logging.getLogger(name).handlers[:], logging.getLogger(name).propagate)
+            for name in UVICORN_LOGGERS}  # fmt: skip
+    yield
+    for name, (handlers, propagate) in kept.items():
+        logging.getLogger(name).handlers[:] = handlers
+        logging.getLogger(name).propagate = propagate
+
+
+@pytest.mark.usefixtures("uvicorn_logging")
+def test_what_uvicorn_logs_through_its_own_handlers_is_redacted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    secret = "uvicorn-sees-this-secret-0123"
+    register_secrets([secret])
+    uvicorn_config(Recorded(), "127.0.0.1", 0, RestSecurity())  # uvicorn's dictConfig, real
+    try:
+        raise RuntimeError(f"cannot connect with {secret}")
+    except RuntimeError:
+        logging.getLogger("uvicorn.error").exception("Exception in ASGI application: %s", secret)
+    written = capsys.readouterr().err
+    assert "Exception in ASGI application" in written and "RuntimeError" in written
+    assert secret not in written and REDACTED in written
 
 
 # forwarding to the owning instance

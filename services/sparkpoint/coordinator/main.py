@@ -12,7 +12,9 @@ import socket
 from pathlib import Path
 
 import uvicorn
+from starlette.types import ASGIApp
 
+from sparkpoint.common.redaction import install_log_redaction
 from sparkpoint.common.rest_security import RestSecurity
 from sparkpoint.common.settings import CheckpointConfig
 from sparkpoint.common.storage import absolute
@@ -56,6 +58,28 @@ def _flatten(tree: dict[str, object], prefix: str = "") -> dict[str, object]:
     return flat
 
 
+UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
+"""The loggers uvicorn's logging configuration gives handlers of their own (``uvicorn`` and
+``uvicorn.access`` do not propagate to the root's, where the command put the redaction)."""
+
+
+def uvicorn_config(app: ASGIApp, host: str, port: int, security: RestSecurity) -> uvicorn.Config:
+    """uvicorn's configuration of the REST endpoint. Building it installs uvicorn's logging
+    handlers (``dictConfig``): the redaction filter is then added to them, so what uvicorn logs
+    (an application's traceback, say) is scrubbed of secrets as every other record is."""
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        **security.uvicorn_options(),
+    )
+    for name in UVICORN_LOGGERS:
+        install_log_redaction(logging.getLogger(name))
+    return config
+
+
 async def serve(
     service: CoordinatorService,
     rest_host: str,
@@ -66,15 +90,7 @@ async def serve(
     settings = service.settings
     security = security or RestSecurity()
     app = create_app(service, web_ui, security)
-    config = uvicorn.Config(
-        app,
-        host=rest_host,
-        port=rest_port,
-        log_level="warning",
-        lifespan="off",
-        **security.uvicorn_options(),
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, rest_host, rest_port, security))
 
     def shut_down() -> None:
         service.stop()
