@@ -1,6 +1,7 @@
 """A coordinator's checkpoint statistics plus the history service's for earlier ownership
 epochs (sparkpoint.coordinator.service.earlier.merge), and a history service that refuses the
-coordinator (an answer in memory, httpx's MockTransport)."""
+coordinator (an answer in memory, httpx's MockTransport), and the history token: a secret, said
+once when it goes over plain http."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from sparkpoint.coordinator.service.earlier import earlier_statistics, merge
+from sparkpoint.common.redaction import REDACTED, redact_text
+from sparkpoint.coordinator.service.earlier import TOKEN_ENV, earlier_statistics, merge
 
 pytestmark = pytest.mark.unit
 
@@ -89,3 +91,56 @@ def test_a_history_service_that_refuses_the_coordinator_is_said_once_and_left_ou
         said.getMessage()
     )
     assert "mutual TLS" in said.getMessage()
+
+
+def ask(history_url: str, times: int = 1) -> list[str | None]:
+    """The Authorization header of each of ``times`` requests to a history service answering
+    404."""
+    sent: list[str | None] = []
+
+    def history(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers.get("Authorization"))
+        return httpx.Response(404, json={"errors": ["no history of job 'job-1'"]})
+
+    async def asked() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(history)) as client:
+            for _ in range(times):
+                await earlier_statistics(client, history_url, "job-1", 2)
+
+    asyncio.run(asked())
+    return sent
+
+
+def test_the_history_token_from_the_environment_is_a_secret_kept_out_of_logs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    token = "history-token-from-the-environment-7c1e"
+    monkeypatch.setenv(TOKEN_ENV, token)
+    assert ask("https://history.example:8082") == [f"Bearer {token}"]
+    assert redact_text(f"GET failed with {token}") == f"GET failed with {REDACTED}"
+
+
+def test_a_history_token_sent_over_plain_http_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "history-token-in-clear-3b9d")
+    with caplog.at_level(logging.WARNING, logger="sparkpoint.coordinator.service.earlier"):
+        assert (
+            ask("http://history.example:8082", times=2)
+            == ["Bearer history-token-in-clear-3b9d"] * 2
+        )
+        ask("https://history.example:8443")
+    (said,) = caplog.records
+    assert said.getMessage().startswith(
+        "the history token is sent to http://history.example:8082 over plain http"
+    )
+    assert "history-token-in-clear-3b9d" not in said.getMessage()
+
+
+def test_without_a_token_plain_http_is_not_worth_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with caplog.at_level(logging.WARNING, logger="sparkpoint.coordinator.service.earlier"):
+        assert ask("http://history.example:8084") == [None]
+    assert caplog.records == []

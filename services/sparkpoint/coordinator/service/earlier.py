@@ -18,7 +18,9 @@ service's access list admits (by name with the read role, or by its default cert
 A history service that takes bearer tokens is given one: ``--history-token-file FILE`` (or
 ``$SPARKPOINT_HISTORY_TOKEN``), a token its access list admits with the read role. A history
 service that refuses the coordinator gets no second try per request: the coordinator answers
-with its own statistics, and says why once (`REFUSED`).
+with its own statistics, and says why once (`REFUSED`). The token is registered as a secret
+(scrubbed from every log record); sent to a plain ``http://`` history service it travels in
+clear, which is said once per URL.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+
+from sparkpoint.common.redaction import register_secrets
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +49,37 @@ _said: set[tuple[str, int]] = set()
 TOKEN_ENV = "SPARKPOINT_HISTORY_TOKEN"
 """The bearer token the coordinator shows the history service (``--history-token-file`` sets
 it from a file)."""
+_in_clear: set[str] = set()
+"""The plain-http history URLs the token was sent to, said once each."""
+
+
+def history_headers(history_url: str) -> dict[str, str]:
+    """The ``Authorization`` header with ``$SPARKPOINT_HISTORY_TOKEN``, registered as a secret
+    when read; none without a token."""
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        return {}
+    register_secrets([token])
+    if not history_url.lower().startswith("https://") and history_url not in _in_clear:
+        _in_clear.add(history_url)
+        log.warning(
+            "the history token is sent to %s over plain http: anyone on the way can read and "
+            "use it; serve the history service over https (--rest-tls-cert, --rest-tls-key)",
+            history_url,
+        )
+    return {"Authorization": f"Bearer {token}"}
 
 
 async def earlier_statistics(
     client: httpx.AsyncClient, history_url: str, job_id: str, owner_epoch: int
 ) -> dict[str, Any] | None:
     url = f"{history_url.rstrip('/')}/jobs/{quote(job_id, safe='')}/checkpoints"
-    token = os.environ.get(TOKEN_ENV)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         response = await client.get(
-            url, params={"before_epoch": owner_epoch}, headers=headers, timeout=TIMEOUT_S
+            url,
+            params={"before_epoch": owner_epoch},
+            headers=history_headers(history_url),
+            timeout=TIMEOUT_S,
         )
     except httpx.HTTPError as exc:
         log.info("history service at %s did not answer: %s", history_url, exc)
