@@ -55,6 +55,13 @@ def test_without_authentication_every_request_is_anonymous_from_its_peer() -> No
     assert judged(proxied, asked) == Admitted("bob")
 
 
+def test_with_tls_alone_the_principal_header_of_an_untrusted_caller_is_no_identity() -> None:
+    asked = Asked("DELETE", "/jobs/j", "10.1.1.1", principal_header="bob")
+    assert judged(RestSecurity(Path("rest.pem"), Path("rest.key")), asked) == Admitted(
+        "anonymous@10.1.1.1"
+    )
+
+
 def test_a_public_page_is_read_by_no_one_in_particular_without_asking_the_access_list() -> None:
     def unreadable() -> AccessList | None:
         raise AssertionError("the access list was asked for a public page")

@@ -7,7 +7,11 @@ The rules, in order:
 
 1. Without authentication (no access file, no client CA) every request is let in; its principal
    is the ``X-Sparkpoint-Principal`` header when a trusted proxy sent it, else
-   ``anonymous@<peer>``.
+   ``anonymous@<peer>``. This holds as soon as anything is configured, TLS alone or trusted
+   proxies alone included: once the operator secured the endpoint, a header that any caller can
+   write is no identity, so from anyone but a trusted proxy it is ignored. Only with nothing
+   configured at all is there no guard (`sparkpoint.common.rest_security.install`), and the
+   handlers believe the header from everyone, as before.
 2. A read (GET, HEAD, OPTIONS) of a ``public`` path is let in with no principal: pages that hold
    no job's data.
 3. Else the caller must prove who it is (`identify`: a bearer token, else the client
@@ -75,7 +79,7 @@ def judge(
     read: every request that needs it is then refused, 503)."""
     from_proxy = trusted(asked.peer, security.trusted_proxies)
     header = asked.principal_header if from_proxy else None
-    if not security.authenticates:
+    if not security.authenticates:  # TLS or trusted proxies only: the header from a proxy alone
         return Admitted(header or f"anonymous@{asked.peer or 'unknown'}")
     if asked.method in READ_METHODS and asked.path in public:
         return Admitted(None)
