@@ -145,6 +145,13 @@ def test_the_broker_and_the_demo_refuse_security_flags_that_cannot_work(tmp_path
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
     assert junk.returncode == 2 and "junk.pem" in junk.stderr and "not a PEM" in junk.stderr
+    (tmp_path / "users").write_text("alice=alice-password\nbob\n")
+    no_password = subprocess.run(
+        [SPARKPOINT, "broker", "--sasl-users", str(tmp_path / "users")],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert no_password.returncode == 2 and "user bob has no password" in no_password.stderr
+    assert "alice-password" not in no_password.stderr
     both = subprocess.run(
         [SPARKPOINT, "demo", "--secure", "--bootstrap", "127.0.0.1:1"],
         capture_output=True, text=True, timeout=30, check=False,

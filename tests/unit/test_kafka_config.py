@@ -431,3 +431,15 @@ def test_the_log_filter_scrubs_messages_arguments_and_exceptions() -> None:
     assert "correct-horse-battery" not in formatted
     assert f"cannot log in with {REDACTED}" in formatted
     assert f"ValueError: the password {REDACTED} was refused" in formatted
+
+
+def test_a_word_alone_on_a_line_is_refused_without_being_named() -> None:
+    """A password pasted on a line of its own is a key with no value by Java's rules: librdkafka
+    would quote it back as an unknown property, so it is refused here, unnamed."""
+    with pytest.raises(KafkaConfigError) as refused:
+        parse_properties("sasl.username=alice\nHunter2Secret\n", "client.properties")
+    assert "client.properties:2" in str(refused.value)
+    assert "Hunter2Secret" not in str(refused.value)
+    # an empty value of a real (dotted) property stays: Kafka's way to turn a check off
+    found = parse_properties("ssl.endpoint.identification.algorithm=\n", "p")
+    assert found == {"ssl.endpoint.identification.algorithm": ""}

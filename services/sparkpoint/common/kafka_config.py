@@ -106,6 +106,8 @@ class Property:
     blank_end: bool
     """The value ends in white space the file did not escape: kept, as Properties.load keeps it,
     but rarely meant (a password with a trailing space)."""
+    alone: bool = False
+    """The line holds the key alone: no ``=`` or ``:``, nothing after it."""
 
 
 class _Malformed(ValueError):
@@ -144,7 +146,8 @@ def java_properties(text: str, source: str) -> list[Property]:
             value = _unescape(raw_value)
         except _Malformed as exc:
             raise KafkaConfigError(f"{where}: {key}: the value has a malformed {exc}") from None
-        properties.append(Property(number, key, value, _ends_blank(raw_value)))
+        alone = not raw_value and not line[len(raw_key) :].strip(_BLANK)
+        properties.append(Property(number, key, value, _ends_blank(raw_value), alone))
     return properties
 
 
@@ -254,6 +257,13 @@ def parse_properties(
     as Java's Properties.load keeps it, with a warning naming the key."""
     expanded = _expanded(text, source, environ)
     for key, found in expanded.items():
+        if found.alone and "." not in key:
+            # a word alone on a line (a password pasted on a line of its own?): librdkafka would
+            # quote it back as an unknown property, so it is refused without being named
+            raise KafkaConfigError(
+                f"{source}:{found.line}: a word with no value and no dot, which no Kafka client "
+                "property is (a value pasted on a line of its own?)"
+            )
         if found.blank_end and is_secret(key):
             log.warning(
                 "%s:%d: the value of %s ends in white space, which is kept as part of it "

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sparkpoint.common.broker import BrokerSecurity, EmbeddedBroker
 from sparkpoint.common.dev_certs import DevCerts, make_dev_certs
-from sparkpoint.common.kafka_config import KafkaConfigError, load_properties, parse_properties
+from sparkpoint.common.kafka_config import KafkaConfigError, load_properties, plain_properties
 from sparkpoint.common.redaction import register_secrets
 
 DEV_USER = "sparkpoint"
@@ -63,9 +63,12 @@ def sasl_users(path: Path) -> dict[str, str]:
         text = path.read_text()
     except OSError as exc:
         raise KafkaConfigError(f"cannot read the SASL users file {path}: {exc}") from None
-    users = parse_properties(text, str(path))
+    users = plain_properties(text, str(path))
     if not users:
         raise KafkaConfigError(f"{path}: no user (expected name=password lines)")
+    empty = sorted(name for name, password in users.items() if not password)
+    if empty:
+        raise KafkaConfigError(f"{path}: user {empty[0]} has no password")
     register_secrets(list(users.values()))
     return users
 
