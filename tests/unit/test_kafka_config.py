@@ -11,12 +11,11 @@ import sys
 import pytest
 
 from sparkpoint.common import redaction
+from sparkpoint.common.java_formats import jaas_credentials, java_properties
 from sparkpoint.common.kafka_config import (
     SPARKPOINT_OWNS,
     KafkaConfigError,
     frozen,
-    jaas_credentials,
-    java_properties,
     parse_properties,
     plain_properties,
 )
