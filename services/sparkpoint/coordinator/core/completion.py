@@ -30,14 +30,17 @@ from sparkpoint.coordinator.core.store import (
     CompletedCheckpoint,
     CompletedCheckpointStore,
     Discard,
+    DiscardGate,
 )
 
 
 class Completions:
-    def __init__(self, messages: JobMessages, num_retained: int) -> None:
+    def __init__(self, messages: JobMessages, num_retained: int, gate: DiscardGate) -> None:
         self.messages = messages
         self.job_id = messages.job_id
-        self.store = CompletedCheckpointStore(num_retained)
+        self.gate = gate
+        """What subsumption lets go waits for the checkpoints still pending (`DiscardGate`)."""
+        self.store = CompletedCheckpointStore(num_retained, gate.registry)
         self.savepoints = SavepointLedger()
         self.last_completed_id: int | None = None
         """The newest checkpoint or savepoint that ever completed for this job id."""
@@ -106,7 +109,7 @@ class Completions:
                 message=f"subsumed by {checkpoint_id}", external_path=old.external_path,
             )  # fmt: skip
             commands.append(Publish(event))
-        commands.extend(DiscardState(self.job_id, d) for d in discards)
+        commands.extend(self._let_go(discards, checkpoint_id))
         if completed.is_savepoint:
             self.savepoints.record(completed, request.format_type)
             for path in self.savepoints.beyond_retention(periodic_savepoints_retained):
@@ -139,7 +142,14 @@ class Completions:
         subsumed, discards = self.store.set_num_retained(num_retained)
         for checkpoint in subsumed:
             stats.on_discarded(checkpoint.checkpoint_id)
-        return [DiscardState(self.job_id, d) for d in discards]
+        return self._let_go(discards)
+
+    def _let_go(self, discards: Sequence[Discard], ending: int | None = None) -> list[Command]:
+        """``discards`` as commands: now, or held while other checkpoints are pending; and what
+        the gate held that may go now."""
+        ready = [d for discard in discards for d in self.gate.let_go(discard, ending)]
+        ready += self.gate.released()
+        return [DiscardState(self.job_id, d) for d in ready]
 
     def shutdown(
         self, status: JobStatus, retention: ExternalizedRetention, stats: CheckpointStatsTracker

@@ -65,6 +65,8 @@ from sparkpoint.coordinator.core.store import (
     CheckpointIdCounter,
     CompletedCheckpoint,
     CompletedCheckpointStore,
+    DiscardGate,
+    FileRegistry,
 )
 
 log = logging.getLogger(__name__)
@@ -107,9 +109,12 @@ class CheckpointCoordinator:
         self.running = False
         self.messages = JobMessages(job.job_id, self.owner_epoch, job.agent_id or None, job.attempt)
         self.schedules = PeriodicSchedules(job.job_id, self.rng)
-        self.completions = Completions(self.messages, self.config.num_retained)
-        registry = self.completions.store.registry
-        self.in_flight = InFlight(self.messages, job.agent_id, job.subtasks, self.job_dir, registry)
+        pending: dict[int, PendingCheckpoint] = {}
+        gate = DiscardGate(FileRegistry(), pending)
+        self.completions = Completions(self.messages, self.config.num_retained, gate)
+        self.in_flight = InFlight(
+            self.messages, job.agent_id, job.subtasks, self.job_dir, gate, pending
+        )
 
     @property
     def pending(self) -> dict[int, PendingCheckpoint]:

@@ -41,7 +41,7 @@ from sparkpoint.coordinator.core.decider import CheckpointRequest
 from sparkpoint.coordinator.core.messages import JobMessages
 from sparkpoint.coordinator.core.pending import AckResult, PendingCheckpoint
 from sparkpoint.coordinator.core.stats import CheckpointStatsTracker
-from sparkpoint.coordinator.core.store import Discard, FileRegistry
+from sparkpoint.coordinator.core.store import Discard, DiscardGate
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +65,19 @@ class InFlight:
         agent_id: str,
         subtasks: tuple[str, ...],
         job_dir: str,
-        registry: FileRegistry,
+        gate: DiscardGate,
+        pending: dict[int, PendingCheckpoint],
     ) -> None:
         self.messages = messages
         self.job_id, self.agent_id, self.attempt = messages.job_id, agent_id, messages.attempt
         self.subtasks = subtasks
         self._subtask_set = frozenset(subtasks)
         self.job_dir = job_dir
-        self.registry = registry
+        self.gate = gate
+        self.registry = gate.registry
         """The completed store's: a pending checkpoint holds the files acknowledged for it."""
-        self.pending: dict[int, PendingCheckpoint] = {}
+        self.pending = pending
+        """The checkpoints in flight (the gate's live view too)."""
         self.recent: OrderedDict[int, str] = OrderedDict()
         """Recently ended checkpoint id -> its directory, newest last, at most RECENT_IDS."""
         self.cancellers: dict[int, Timer] = {}
@@ -154,7 +157,7 @@ class InFlight:
         if not free:
             return NO_COMMANDS
         discard = Discard(ack.checkpoint_id, tuple(free), None, "late acknowledgement")
-        return (DiscardState(self.job_id, discard),)
+        return tuple(DiscardState(self.job_id, d) for d in self.gate.let_go(discard))
 
     def _fully_acknowledged(self, pending: PendingCheckpoint) -> list[Command]:
         commands: list[Command] = []
@@ -236,9 +239,12 @@ class InFlight:
         if timer is not None:
             commands.append(CancelTimer(timer))
         free = self.registry.release(h.path for h in pending.state_handles())
+        discards: list[Discard] = []
         if free or pending.acknowledgements:
             discard = Discard(checkpoint_id, tuple(free), pending.target_location, reason.name)
-            commands.append(DiscardState(self.job_id, discard))
+            discards = self.gate.let_go(discard, checkpoint_id)
+        discards += self.gate.released()  # what waited for this checkpoint among others
+        commands.extend(DiscardState(self.job_id, d) for d in discards)
         commands.append(Publish(self.messages.aborted(checkpoint_id, reason, now_ms, message)))
         event = self.messages.lifecycle(
             checkpoint_id, ABORTED_AS.get(reason, CheckpointEventType.FAILED),

@@ -14,7 +14,7 @@ holds all of its files, a completed savepoint holds its files for ever.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -105,6 +105,55 @@ class FileRegistry:
 
     def __len__(self) -> int:
         return len(self._counts)
+
+
+class DiscardGate:
+    """Holds back what a checkpoint's end lets go while other checkpoints are pending, until each
+    of them has ended; then lets go of what nothing took meanwhile.
+
+    A pending checkpoint may reference shared files it has not acknowledged yet: the agent plans
+    an incremental snapshot against the newest checkpoint it was told completed, which may have
+    completed after the trigger, and be subsumed before the acknowledgement arrives (with more
+    than one checkpoint in flight, or an abort that lets go of a reference it shared). Counting
+    only acknowledged references, that file would be deleted under a checkpoint about to complete
+    (the class of Spark's SPARK-55892). Here no file is deleted while a checkpoint that might
+    still reference it is pending: by construction, whatever the order of completions, aborts
+    and acknowledgements. Pure; ``pending`` is the live view of the checkpoints in flight."""
+
+    def __init__(self, registry: FileRegistry, pending: Mapping[int, object]) -> None:
+        self.registry = registry
+        self.pending = pending
+        self._held: list[tuple[set[int], Discard]] = []
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def let_go(self, discard: Discard, ending: int | None = None) -> list[Discard]:
+        """``discard`` now, or later (an empty list now) while checkpoints other than ``ending``
+        (the one whose end lets go of it) are pending."""
+        waiting = {c for c in self.pending if c != ending}
+        if not waiting:
+            return [discard]
+        self._held.append((waiting, discard))
+        return []
+
+    def released(self) -> list[Discard]:
+        """The held discards whose pending checkpoints have all ended, each with only the files
+        no checkpoint took since (an acknowledgement that referenced one acquired it again)."""
+        ready: list[Discard] = []
+        still: list[tuple[set[int], Discard]] = []
+        for waiting, discard in self._held:
+            waiting &= self.pending.keys()
+            if waiting:
+                still.append((waiting, discard))
+                continue
+            free = tuple(self.registry.unreferenced(discard.files))
+            if free or discard.directory:
+                ready.append(
+                    Discard(discard.checkpoint_id, free, discard.directory, discard.reason)
+                )
+        self._held = still
+        return ready
 
 
 @dataclass
