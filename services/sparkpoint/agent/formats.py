@@ -154,6 +154,17 @@ def _zigzag(n: int) -> bytes:
     return bytes(out)
 
 
+def _encoded(frame: pd.DataFrame, parsed: Any, header: bytes) -> list[bytes]:
+    """Each row of ``frame`` as ``header`` followed by its Avro body."""
+    out = []
+    for record in frame.to_dict(orient="records"):
+        buffer = io.BytesIO()
+        buffer.write(header)
+        fastavro.schemaless_writer(buffer, parsed, record)
+        out.append(buffer.getvalue())
+    return out
+
+
 def _records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     return pa.Table.from_pylist(records).to_pandas() if records else pd.DataFrame()
 
@@ -211,13 +222,7 @@ class AvroValues:
 
     def encode(self, frame: pd.DataFrame) -> list[bytes]:
         parsed, header = _parsed(self.schema)
-        out = []
-        for record in frame.to_dict(orient="records"):
-            buffer = io.BytesIO()
-            buffer.write(header)
-            fastavro.schemaless_writer(buffer, parsed, record)
-            out.append(buffer.getvalue())
-        return out
+        return _encoded(frame, parsed, header)
 
 
 @dataclass(frozen=True)
@@ -270,14 +275,7 @@ class ConfluentAvroValues:
                 self.subject or "sparkpoint-value",
                 self.schema,
             )
-        prefix = CONFLUENT + struct.pack(">I", schema_id)
-        out = []
-        for record in frame.to_dict(orient="records"):
-            buffer = io.BytesIO()
-            buffer.write(prefix)
-            fastavro.schemaless_writer(buffer, parsed, record)
-            out.append(buffer.getvalue())
-        return out
+        return _encoded(frame, parsed, CONFLUENT + struct.pack(">I", schema_id))
 
 
 def with_registry_settings(value_format: ValueFormat) -> ValueFormat:
