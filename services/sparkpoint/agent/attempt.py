@@ -46,9 +46,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Attempt:
-    number: int
     parts: AttemptParts
-    acks: Acknowledgements
     checkpointer: SubtaskCheckpointer
     restored: Restored | None
 
@@ -89,9 +87,9 @@ class AttemptMaker:
     """A bounded Kafka source's end offsets, kept across restarts in this process."""
 
     def make(
-        self, number: int, restored: Restored | None, sink: SinkWriter, committer: EpochCommitter
+        self, restored: Restored | None, sink: SinkWriter, committer: EpochCommitter
     ) -> Attempt:
-        """The parts of attempt ``number``, restored where ``restored`` says."""
+        """The parts of a new attempt, restored where ``restored`` says."""
         parallelism = len(self.ranges)
         channels = [Channel(i, self.options.capacity_bytes) for i in range(parallelism)]
         backend = StateBackend(self.places.state_dir)
@@ -122,7 +120,7 @@ class AttemptMaker:
             shape, parts, acks, self.copier, self.segment_files, self.outcomes, self.taken,
             restored.checkpoint_id if restored else 0,
         )  # fmt: skip
-        return Attempt(number, parts, acks, checkpointer, restored)
+        return Attempt(parts, checkpointer, restored)
 
     def _source_reader(self) -> KafkaSourceReader | FileSourceReader:
         source = self.job.source

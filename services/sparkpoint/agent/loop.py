@@ -82,6 +82,8 @@ class JobLoop:
         self.stages = stages
         self.link = link
         self.sink = sink
+        self.emit = sink.direct()
+        """At-least-once: what stage-2 tasks call to make output visible (fixed per attempt)."""
         self.committer = committer
         self.filter_jobs = filter_jobs
         self.segment_files = segment_files
@@ -144,9 +146,7 @@ class JobLoop:
 
     def start_round(self, end_of_input: bool = False) -> bool:
         parts = self.parts
-        started = self.stages.start_process(
-            parts.channels, parts.backend, self.sink.direct(), end_of_input
-        )
+        started = self.stages.start_process(parts.channels, parts.backend, self.emit, end_of_input)
         if not end_of_input:
             self.stages.start_fetch(parts.source, parts.channels, parts.restoring.holds_input())
         return started

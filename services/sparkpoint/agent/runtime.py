@@ -33,6 +33,7 @@ from sparkpoint.agent.attempt import (
     remove_tree,
     restored_snapshot,
 )
+from sparkpoint.agent.checkpointing.pending import now_ms
 from sparkpoint.agent.checkpointing.snapshots import (
     AttemptParts,
     Outcomes,
@@ -86,10 +87,6 @@ the restarted job's first round would pay ~1.3 s here for new workers."""
 
 COPY_THREADS = 4
 """Threads copying state files for snapshots (the asynchronous phase): I/O bound."""
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Agent:
@@ -409,7 +406,7 @@ class Agent:
             restore = self._latest_for_restart()
         restored = self._restored(restore) if restore is not None else None
         self._warm_up()
-        self.current = self._new_attempt(attempt, restored)
+        self.current = self._new_attempt(restored)
         if not self.membership.accepted or self.attempt != attempt:
             self.link.connect()
             self.link.register(lambda n: self._registration(restored, n), attempt)
@@ -447,11 +444,11 @@ class Agent:
         if self.handle_signals:  # after the SparkContext: it installs a SIGINT handler of its own
             install_signal_handlers(self)
 
-    def _new_attempt(self, number: int, restored: Restored | None) -> Attempt:
+    def _new_attempt(self, restored: Restored | None) -> Attempt:
         """The parts of a new attempt; its split of restored channel state starts at once into
         a local channel directory (it overlaps the registration; channels on shared storage wait
         for it)."""
-        attempt = self.attempts.make(number, restored, self.sink, self.committer)
+        attempt = self.attempts.make(restored, self.sink, self.committer)
         local = local_path(self.channel_dir) is not None
         if restored is not None and local and not restored.end_of_input:
             self._loop_of(attempt).recover_channels()

@@ -60,10 +60,6 @@ class ControlLink:
         self._resume: int | None = None
         """Where the control topic was read up to when the job restarts in this process."""
 
-    @property
-    def open(self) -> bool:
-        return self.control is not None
-
     def connect(self) -> None:
         """Reads the job's control partition from its end, or, after a restart in this
         process, from where the failed attempt stood."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from fsspec.core import url_to_fs
 
 from sparkpoint.agent.recovery.channel_state import ChannelStateFile, read_manifest
-from sparkpoint.agent.state.backend import read_file
+from sparkpoint.agent.state.backend import job_dirs, read_file
 from sparkpoint.common.events import CheckpointStoreRecord, StateHandleKind
 from sparkpoint.common.metadata import BadMetadata, Handle, SnapshotMetadata
 from sparkpoint.common.storage import CHECKPOINT_DIR
@@ -93,7 +93,7 @@ def load(
     restored = Restored(
         metadata.checkpoint_id, directory, metadata.is_savepoint, files=metadata.files()
     )
-    shared_prefix = posixpath.join(checkpoint_dir.rstrip("/"), job_id, "shared") + "/"
+    shared_prefix = job_dirs(checkpoint_dir, job_id)[0] + "/"
     all_shared = True
     for subtask in metadata.subtasks:
         for handle in subtask.handles:

@@ -30,10 +30,6 @@ class EpochLedger:
         self.committing: dict[int, Outputs] = {}
         """Epochs handed to the committer and not yet published: snapshots still name them."""
 
-    def clear(self) -> None:
-        """A new attempt: what the failed one staged is produced again after the restore."""
-        self.unsealed, self.sealed, self.committing = [], {}, {}
-
     def stage(self, outputs: Outputs) -> None:
         self.unsealed.extend(outputs)
 
