@@ -109,7 +109,7 @@ class Completions:
                 message=f"subsumed by {checkpoint_id}", external_path=old.external_path,
             )  # fmt: skip
             commands.append(Publish(event))
-        commands.extend(self._let_go(discards, checkpoint_id))
+        commands.extend(self._let_go(discards))
         if completed.is_savepoint:
             self.savepoints.record(completed, request.format_type)
             for path in self.savepoints.beyond_retention(periodic_savepoints_retained):
@@ -144,12 +144,10 @@ class Completions:
             stats.on_discarded(checkpoint.checkpoint_id)
         return self._let_go(discards)
 
-    def _let_go(self, discards: Sequence[Discard], ending: int | None = None) -> list[Command]:
+    def _let_go(self, discards: Sequence[Discard]) -> list[Command]:
         """``discards`` as commands: now, or held while other checkpoints are pending; and what
         the gate held that may go now."""
-        ready = [d for discard in discards for d in self.gate.let_go(discard, ending)]
-        ready += self.gate.released()
-        return [DiscardState(self.job_id, d) for d in ready]
+        return [DiscardState(self.job_id, d) for d in self.gate.let_go(discards)]
 
     def shutdown(
         self, status: JobStatus, retention: ExternalizedRetention, stats: CheckpointStatsTracker

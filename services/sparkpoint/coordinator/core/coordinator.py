@@ -65,7 +65,6 @@ from sparkpoint.coordinator.core.store import (
     CheckpointIdCounter,
     CompletedCheckpoint,
     CompletedCheckpointStore,
-    DiscardGate,
     FileRegistry,
 )
 
@@ -109,12 +108,9 @@ class CheckpointCoordinator:
         self.running = False
         self.messages = JobMessages(job.job_id, self.owner_epoch, job.agent_id or None, job.attempt)
         self.schedules = PeriodicSchedules(job.job_id, self.rng)
-        pending: dict[int, PendingCheckpoint] = {}
-        gate = DiscardGate(FileRegistry(), pending)
-        self.completions = Completions(self.messages, self.config.num_retained, gate)
-        self.in_flight = InFlight(
-            self.messages, job.agent_id, job.subtasks, self.job_dir, gate, pending
-        )
+        registry = FileRegistry()
+        self.in_flight = InFlight(self.messages, job.agent_id, job.subtasks, self.job_dir, registry)
+        self.completions = Completions(self.messages, self.config.num_retained, self.in_flight.gate)
 
     @property
     def pending(self) -> dict[int, PendingCheckpoint]:

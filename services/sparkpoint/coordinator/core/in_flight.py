@@ -41,7 +41,7 @@ from sparkpoint.coordinator.core.decider import CheckpointRequest
 from sparkpoint.coordinator.core.messages import JobMessages
 from sparkpoint.coordinator.core.pending import AckResult, PendingCheckpoint
 from sparkpoint.coordinator.core.stats import CheckpointStatsTracker
-from sparkpoint.coordinator.core.store import Discard, DiscardGate
+from sparkpoint.coordinator.core.store import Discard, DiscardGate, FileRegistry
 
 log = logging.getLogger(__name__)
 
@@ -65,19 +65,19 @@ class InFlight:
         agent_id: str,
         subtasks: tuple[str, ...],
         job_dir: str,
-        gate: DiscardGate,
-        pending: dict[int, PendingCheckpoint],
+        registry: FileRegistry,
     ) -> None:
         self.messages = messages
         self.job_id, self.agent_id, self.attempt = messages.job_id, agent_id, messages.attempt
         self.subtasks = subtasks
         self._subtask_set = frozenset(subtasks)
         self.job_dir = job_dir
-        self.gate = gate
-        self.registry = gate.registry
+        self.registry = registry
         """The completed store's: a pending checkpoint holds the files acknowledged for it."""
-        self.pending = pending
-        """The checkpoints in flight (the gate's live view too)."""
+        self.pending: dict[int, PendingCheckpoint] = {}
+        self.gate = DiscardGate(registry, self.pending)
+        """What a checkpoint's end lets go waits for the others pending (the completed store's
+        subsumptions go through it too)."""
         self.recent: OrderedDict[int, str] = OrderedDict()
         """Recently ended checkpoint id -> its directory, newest last, at most RECENT_IDS."""
         self.cancellers: dict[int, Timer] = {}
@@ -157,7 +157,7 @@ class InFlight:
         if not free:
             return NO_COMMANDS
         discard = Discard(ack.checkpoint_id, tuple(free), None, "late acknowledgement")
-        return tuple(DiscardState(self.job_id, d) for d in self.gate.let_go(discard))
+        return tuple(DiscardState(self.job_id, d) for d in self.gate.let_go([discard]))
 
     def _fully_acknowledged(self, pending: PendingCheckpoint) -> list[Command]:
         commands: list[Command] = []
@@ -239,12 +239,13 @@ class InFlight:
         if timer is not None:
             commands.append(CancelTimer(timer))
         free = self.registry.release(h.path for h in pending.state_handles())
-        discards: list[Discard] = []
-        if free or pending.acknowledgements:
-            discard = Discard(checkpoint_id, tuple(free), pending.target_location, reason.name)
-            discards = self.gate.let_go(discard, checkpoint_id)
-        discards += self.gate.released()  # what waited for this checkpoint among others
-        commands.extend(DiscardState(self.job_id, d) for d in discards)
+        mine = (
+            [Discard(checkpoint_id, tuple(free), pending.target_location, reason.name)]
+            if free or pending.acknowledgements
+            else []
+        )
+        # with what waited for this checkpoint among others
+        commands.extend(DiscardState(self.job_id, d) for d in self.gate.let_go(mine))
         commands.append(Publish(self.messages.aborted(checkpoint_id, reason, now_ms, message)))
         event = self.messages.lifecycle(
             checkpoint_id, ABORTED_AS.get(reason, CheckpointEventType.FAILED),

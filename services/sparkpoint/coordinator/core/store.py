@@ -128,14 +128,18 @@ class DiscardGate:
     def __len__(self) -> int:
         return len(self._held)
 
-    def let_go(self, discard: Discard, ending: int | None = None) -> list[Discard]:
-        """``discard`` now, or later (an empty list now) while checkpoints other than ``ending``
-        (the one whose end lets go of it) are pending."""
-        waiting = {c for c in self.pending if c != ending}
-        if not waiting:
-            return [discard]
-        self._held.append((waiting, discard))
-        return []
+    def let_go(self, discards: Iterable[Discard]) -> list[Discard]:
+        """What may be discarded now: ``discards`` unless checkpoints are pending (they are held
+        until each of those has ended), and what was held and may go now (`released`). The
+        checkpoint whose end lets go of them is no longer pending when this is called."""
+        waiting = set(self.pending)
+        ready: list[Discard] = []
+        for discard in discards:
+            if waiting:
+                self._held.append((set(waiting), discard))
+            else:
+                ready.append(discard)
+        return ready + self.released()
 
     def released(self) -> list[Discard]:
         """The held discards whose pending checkpoints have all ended, each with only the files

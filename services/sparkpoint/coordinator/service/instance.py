@@ -134,10 +134,6 @@ class CoordinatorService:
         self.owned.writers = writers
 
     @property
-    def epochs(self) -> dict[int, int]:
-        return self.owned.epochs
-
-    @property
     def partition_count(self) -> int:
         return self.owned.count
 
