@@ -283,9 +283,9 @@ def history_client(
     verify: ssl.SSLContext | bool = True
     if url.startswith("https:") or credentials.ca or credentials.cert or credentials.key:
         try:
-            verify = credentials.ssl_context()
-        except RestError as exc:  # the coordinator's checks, said with the history's flags
-            raise ValueError(str(exc).replace("--rest-", "--history-")) from None
+            verify = credentials.ssl_context("--history")
+        except RestError as exc:
+            raise ValueError(str(exc)) from None
     return httpx.Client(
         base_url=url.rstrip("/"), headers=headers, verify=verify, timeout=timeout_s,
         transport=transport,

@@ -79,26 +79,27 @@ class Credentials:
             path(key, KEY_ENV),
         )
 
-    def ssl_context(self) -> ssl.SSLContext:
-        """The context for https; a file that cannot be used is a `RestError` naming it."""
-        for path, flag in ((self.ca, "--rest-ca"), (self.cert, "--rest-cert"), (self.key, "--rest-key")):  # fmt: skip
+    def ssl_context(self, flags: str = "--rest") -> ssl.SSLContext:
+        """The context for https; a file that cannot be used is a `RestError` naming it by its
+        flag (``flags``: the flags' prefix, ``--rest`` or ``--history``)."""
+        for path, flag in ((self.ca, "ca"), (self.cert, "cert"), (self.key, "key")):
             if path is not None and not path.is_file():
-                raise RestError(0, f"{flag} {path}: no such file")
+                raise RestError(0, f"{flags}-{flag} {path}: no such file")
         try:
             context = ssl.create_default_context(cafile=self.ca)
         except ssl.SSLError as exc:
-            raise RestError(0, f"--rest-ca {self.ca}: not PEM CA certificates ({exc})") from None
+            raise RestError(0, f"{flags}-ca {self.ca}: not PEM CA certificates ({exc})") from None
         if self.cert is not None:
             try:
                 context.load_cert_chain(self.cert, self.key)
             except ssl.SSLError as exc:
                 raise RestError(
                     0,
-                    f"--rest-cert {self.cert}: not a PEM certificate with its unencrypted key "
+                    f"{flags}-cert {self.cert}: not a PEM certificate with its unencrypted key "
                     f"({exc.reason or exc})",
                 ) from None
         elif self.key is not None:
-            raise RestError(0, "--rest-key needs --rest-cert")
+            raise RestError(0, f"{flags}-key needs {flags}-cert")
         return context
 
 
@@ -215,13 +216,3 @@ def _errors(exc: urllib.error.HTTPError) -> str:
     elif exc.code == 403:
         message += " (HTTP 403)"
     return message
-
-
-def call(base: str, method: str, path: str, body: Any = None, timeout_s: float = 30.0) -> Any:
-    """One request to the coordinator at ``base``, without credentials (`Rest` takes them)."""
-    return Rest(base).call(method, path, body, timeout_s)
-
-
-def wait_for_trigger(base: str, path: str, timeout_s: float) -> dict[str, Any]:
-    """Polls a trigger status until it is COMPLETED; returns its ``operation``."""
-    return Rest(base).wait_for_trigger(path, timeout_s)

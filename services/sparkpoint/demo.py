@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkpoint.client import Rest
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.broker import EmbeddedBroker, free_port, port_is_free
 from sparkpoint.common.events import (
@@ -441,6 +442,7 @@ class Follow:
 
     def __init__(self, url: str, job_id: str, bootstrap: str, say: Say) -> None:
         self.url, self.job_id, self.bootstrap, self.say = url, job_id, bootstrap, say
+        self.rest = Rest(url)
         self.shown: set[int] = set()
         self.completed = 0
         self.processed = 0
@@ -451,11 +453,10 @@ class Follow:
         self.committed = 0
 
     def step(self) -> None:
-        from sparkpoint.client import call
-
+        rest = self.rest
         try:
-            progress = call(self.url, "GET", f"/jobs/{self.job_id}/progress", timeout_s=2)
-            history = call(self.url, "GET", f"/jobs/{self.job_id}/checkpoints", timeout_s=2)
+            progress = rest.call("GET", f"/jobs/{self.job_id}/progress", timeout_s=2)
+            history = rest.call("GET", f"/jobs/{self.job_id}/checkpoints", timeout_s=2)
         except Exception:  # not registered yet, or the coordinator is starting
             return
         if progress.get("reported"):

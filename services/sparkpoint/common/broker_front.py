@@ -58,11 +58,11 @@ SCRAM_ITERATIONS = 4096
 RELAY_CHUNK = 262_144
 
 TLS_HANDSHAKE_S = 10.0
+"""A client that opens a connection and never completes its TLS handshake is dropped then."""
 
 AUTHENTICATION_S = 30.0
 """A connection that has not authenticated this long after it opened is closed (Kafka's
 ``connections.max.reauth.ms`` aside, a broker closes idle unauthenticated connections too)."""
-"""A client that opens a connection and never completes its TLS handshake is dropped then."""
 
 
 @dataclass(frozen=True)

@@ -155,10 +155,9 @@ def run(
     transactions_in_flight: int = 1,
     security: RestSecurity | None = None,
 ) -> None:
-    """``security``: the REST endpoint's, over those of ``config_file``; checked before
-    anything starts (`sparkpoint.common.rest_security.SecuritySettingsError`)."""
-    security = (security or RestSecurity()).over(load_security(config_file))
-    security.check()
+    """``security``: the REST endpoint's, already merged over ``config_file``'s and checked
+    (`sparkpoint coordinator` does both before it reaches Kafka)."""
+    security = security or RestSecurity()
     defaults = load_defaults(config_file)
     defaults = dataclasses.replace(
         defaults,

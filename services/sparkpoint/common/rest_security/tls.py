@@ -134,13 +134,3 @@ def protocol_class() -> type[asyncio.Protocol]:
                 self.app = WithPeerCertificate(getattr(self, "app"), tls)  # noqa: B009
 
     return RecordingPeerCertificate
-
-
-def client_certificate(scope: Scope) -> str | None:
-    """The name on the request's client certificate (None: none, or not TLS)."""
-    tls = scope.get("extensions", {}).get(TLS_EXTENSION)
-    return tls.get("client_cert_name") if tls else None
-
-
-def over_tls(scope: Scope) -> bool:
-    return TLS_EXTENSION in scope.get("extensions", {})
