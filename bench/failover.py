@@ -9,7 +9,7 @@ bench/results/failover.json.
    ``restart-strategy.type: fixed-delay`` and no delay (the restart itself; a strategy's backoff
    adds to it), and the output checked against the reference at the end. Also from the
    failure to the restarted job running (restored and registered): the rest is its first
-   stage-1 and stage-2 rounds.
+   rounds (reading, then processing what they read).
 2. **AT_LEAST_ONCE vs EXACTLY_ONCE**: the same job with a backlog in its channels (a source read
    faster than stage 2), 1 s checkpoints, once per mode in the same run: checkpoint end-to-end
    duration p50/p99 from the audit topic.

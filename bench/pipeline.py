@@ -9,8 +9,9 @@ Figures:
 - checkpoint end-to-end duration p50/p99 (trigger to completion, from the audit topic);
 - driver bytes per input byte: what the driver shipped to Spark tasks (pickled) plus what the
   tasks sent back (Spark's own ``resultSize`` task metric), over the input's value bytes;
-- the fixed cost of one round: a stage-1 and a stage-2 Spark job of no-op tasks on the warm
-  session (median of 20), what every round pays whatever it carries; and the rounds run;
+- the fixed cost of one round: a Spark job of no-op tasks on the warm session (median of 20),
+  what every round pays whatever it carries; and the rounds run (their stage-1 and stage-2
+  parts);
 - restore time: an agent restoring the last checkpoint (key groups, source positions), from start
   to registration, with Spark already warm; and the same restore with parallelism 4;
 - ``cluster_speedup_2_workers``: records/s with 2 workers over records/s with 1.
@@ -52,14 +53,13 @@ CLUSTER_SETTINGS = {"spark.executor.cores": "1", "spark.executor.memory": "1g"}
 
 
 def round_fixed_cost_ms(spark: Any, parallelism: int = 2, rounds: int = 20) -> float:
-    """Median wall time of two no-op Spark jobs of ``parallelism`` tasks each (a round's two
-    stages with nothing to carry)."""
+    """Median wall time of a no-op Spark job of ``parallelism`` tasks (a round, both stages in
+    one job, with nothing to carry)."""
     sc = spark.sparkContext
     times = []
     for _ in range(rounds):
         started = time.perf_counter()
-        for _stage in range(2):
-            sc.parallelize(range(parallelism), parallelism).map(lambda x: x).collect()
+        sc.parallelize(range(parallelism), parallelism).map(lambda x: x).collect()
         times.append((time.perf_counter() - started) * 1000)
     return round(statistics.median(times), 1)
 
@@ -158,7 +158,7 @@ def main() -> None:
         print(f"generated {records:,} payments in {time.monotonic() - started:.1f} s")
         spark = spark_session("sparkpoint-bench", "local[2]")
         fixed = round_fixed_cost_ms(spark)
-        print(f"fixed cost of a round (two no-op Spark jobs, local[2]): {fixed} ms")
+        print(f"fixed cost of a round (a no-op Spark job, local[2]): {fixed} ms")
 
         agent, local = run_job("bench-pipeline", bootstrap, codec, spark, root, records)
         restores = {}

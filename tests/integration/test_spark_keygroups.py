@@ -57,13 +57,15 @@ def test_partitioning_by_subtask_puts_each_key_group_in_its_owners_range(spark: 
         assert group in key_group_range(128, parallelism, subtask)
 
 
-def test_the_agents_session_gives_stage_2_the_free_cores_first(spark: Any) -> None:
-    """The session's FAIR pools come from services/sparkpoint/agent/spark_pools.xml: stage 2's minimum
-    share exceeds any cluster (its tasks go first), and so does the sink's (a completed epoch's
-    publishing task does not wait for stage 1); stage 1's is zero."""
+def test_the_agents_session_shares_the_cores_between_rounds_recovery_and_the_sink(
+    spark: Any,
+) -> None:
+    """The session's FAIR pools come from services/sparkpoint/agent/spark/spark_pools.xml: the
+    rounds', recovery's and the sink's minimum shares exceed any cluster, so FAIR gives the
+    next core to the pool running fewer tasks (a completed epoch's publishing task does not
+    wait for the round in flight)."""
     context = spark.sparkContext._jsc.sc()
-    stage2, stage1, sink = (context.getPoolForName(n) for n in ("stage2", "stage1", "sink"))
-    assert stage2.isDefined() and stage1.isDefined() and sink.isDefined()
-    assert stage2.get().minShare() >= 10_000 and stage1.get().minShare() == 0
-    assert sink.get().minShare() >= 10_000
+    pools = [context.getPoolForName(n) for n in ("rounds", "recovery", "sink")]
+    assert all(p.isDefined() for p in pools)
+    assert all(p.get().minShare() >= 10_000 for p in pools)
     assert str(context.getSchedulingMode()) == "FAIR"

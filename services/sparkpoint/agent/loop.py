@@ -7,8 +7,8 @@ calls. One turn (`JobLoop.turn`):
    restored channel state admitted (`recovery.split`);
 3. snapshot the checkpoints now aligned (`checkpointing.snapshots`), before the next round
    takes what lies behind their barriers;
-4. start stage 2 of the next round, then stage 1 (stage 2 first: its Spark pool takes free cores
-   first, so a round's records are processed before more are read);
+4. start the next round when none is in flight: one Spark job, stage 2 over what the channels
+   hold and stage 1 reading more (`rounds`);
 5. acknowledge the snapshot copies that finished, collect replaced state files;
 6. at the end of a bounded input: the end-of-input round, then the final checkpoint;
 7. wait for control events while a stage runs (or a little longer when idle).
@@ -146,10 +146,10 @@ class JobLoop:
 
     def start_round(self, end_of_input: bool = False) -> bool:
         parts = self.parts
-        started = self.stages.start_process(parts.channels, parts.backend, self.emit, end_of_input)
-        if not end_of_input:
-            self.stages.start_fetch(parts.source, parts.channels, parts.restoring.holds_input())
-        return started
+        return self.stages.start(
+            parts.channels, parts.backend, self.emit, parts.source,
+            parts.restoring.holds_input(), end_of_input,
+        )  # fmt: skip
 
     def recover_channels(self) -> bool:
         """Filter jobs and admission of restored channel state (`recovery.split`)."""

@@ -1,14 +1,18 @@
-"""The job's rounds: stage 1 (read the sources, map, key groups, segments into the channels) and
-stage 2 (the keyed function over the channels' segments and the key groups' state), each a
-Spark job on a thread of its own, one of each in flight at a time, overlapping. The loop plans
-and collects them; a collected round's outcome goes back to the loop, which hands it on (a
-round never touches checkpoints or the sink's epochs).
+"""The job's rounds. A round is one Spark job whose tasks run both stages: stage 2 (the keyed
+function over the segments the channels hold and the key groups' state) and stage 1 (read the
+sources, map, key groups, segments into the channels for the next round). One round is in
+flight at a time; the loop plans and collects it; a collected round's outcome goes back to the
+loop, which hands it on (a round never touches checkpoints or the sink's epochs).
 
-- Stage 1 plans each source partition up to the end it has now, within the source's bounds per
-  round (the source reader's `plan`), and runs a task per source subtask; none is planned while
-  a channel is full (backpressure) or restored channel state waits to enter the channels.
 - Stage 2 takes each channel's segments up to its oldest barrier (at most
-  ``max_rows_per_round`` rows) and runs a task per subtask with work.
+  ``max_rows_per_round`` rows): a part per subtask with work.
+- Stage 1 plans each source partition up to the end it has now, within the source's bounds per
+  round (the source reader's `plan`): a part per source subtask; none while a channel is full
+  (backpressure) or restored channel state waits to enter the channels.
+- When the parts are more than the cores, a task runs a stage-2 part and then a stage-1 part
+  (`RoundTask`); otherwise each part is a task. One job per round, not one per stage: a
+  PySpark job costs 35-50 ms before its first task runs, each task some more, and two stages'
+  jobs in flight together queued for the same cores (`bench/latency.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Any
 
 from sparkpoint.agent.control.progress import Progress
@@ -75,20 +80,57 @@ class Processed:
     """Bytes of segments each subtask consumed."""
 
 
+@dataclass(frozen=True)
+class RoundTask:
+    """One Spark task of a round: a subtask's stage-2 part, then a source subtask's stage-1
+    part, either of them absent."""
+
+    process: ProcessTask | None
+    fetch: list[FetchTask]
+
+
+ProcessOutcome = ProcessResult | UserCodeFailure | None
+FetchOutcome = list[FetchResult] | UserCodeFailure | None
+
+
+def run_round_task(
+    task: RoundTask, keyed_function: KeyedFunction, map_function: MapFunction
+) -> tuple[ProcessOutcome, FetchOutcome]:
+    """A round's task: its stage-2 part (whose at-least-once output is visible at its end),
+    then its stage-1 part (reading what arrived meanwhile, within the planned ends)."""
+    processed = (
+        guarded(process_subtask, task.process, keyed_function) if task.process is not None else None
+    )
+    fetched = guarded(fetch_and_partition, task.fetch, map_function) if task.fetch else None
+    return processed, fetched
+
+
+def round_tasks(
+    process: list[ProcessTask], fetch: list[list[FetchTask]], cores: int
+) -> list[RoundTask]:
+    """The round's parts as tasks: each part a task when the cores take them all at once, else
+    a stage-2 part and a stage-1 part to a task (the job then has as many tasks as its larger
+    stage)."""
+    if len(process) + len(fetch) <= cores:
+        return [RoundTask(p, []) for p in process] + [RoundTask(None, f) for f in fetch]
+    return [RoundTask(p, f or []) for p, f in zip_longest(process, fetch)]
+
+
 class Rounds:
     def __init__(self, settings: RoundSettings, jobs: SparkJobs, progress: Progress) -> None:
         self.settings = settings
         self.jobs = jobs
         self.progress = progress
-        self.stage1 = ThreadPoolExecutor(1, thread_name_prefix="stage-1")
-        self.stage2 = ThreadPoolExecutor(1, thread_name_prefix="stage-2")
+        self.runner = ThreadPoolExecutor(1, thread_name_prefix="rounds")
         self.fetching: Future[list[FetchResult]] | None = None
+        """The stage-1 part of the round in flight, when it has one."""
         self.processing: Future[list[ProcessResult]] | None = None
+        """The stage-2 part of the round in flight, when it has one."""
         self.round: tuple[int, dict[int, list[Segment]]] | None = None
-        """The stage-2 round in flight: its version and the segments it took, per subtask."""
+        """The stage-2 part in flight: its version and the segments it took, per subtask."""
         self.fetches = 0
         self.rounds = 0
-        """Stage-2 rounds so far: numbers state versions and staged output files."""
+        """Stage-2 parts so far: number state versions and staged output files."""
         self.input_bytes = 0
         """Bytes of the records stage 1 read (values), over every attempt."""
         self.processed_rows = 0
@@ -98,24 +140,58 @@ class Rounds:
         return [f for f in (self.fetching, self.processing) if f is not None]
 
     def taken(self) -> dict[int, list[Segment]]:
-        """The segments the stage-2 round in flight took, per subtask."""
+        """The segments the stage-2 part in flight took, per subtask."""
         return self.round[1] if self.round is not None else {}
+
+    def start(
+        self,
+        channels: list[Channel],
+        backend: StateBackend,
+        emit: Emit | None,
+        source: Reader,
+        held: bool,
+        end_of_input: bool = False,
+    ) -> bool:
+        """Plans the next round and submits it, when none is in flight: stage 2 over what the
+        channels hold, stage 1 unless ``held`` (restored channel state goes first), a channel is
+        full (backpressure) or this is the end-of-input round. True when it has a stage-2 part."""
+        if self.in_flight():
+            return False
+        process = self._plan_process(channels, backend, emit, end_of_input)
+        fetch = [] if end_of_input else self._plan_fetch(source, channels, held)
+        if not process and not fetch:
+            return False
+        settings = self.settings
+        tasks = round_tasks(process, fetch, self.jobs.cores())
+        description = (
+            f"{settings.job_id} round: {len(process)} subtasks, "
+            f"{sum(len(f) for f in fetch)} partitions"
+        )
+        keyed_function, map_function = settings.keyed_function, settings.map_function
+        whole: Future[list[tuple[ProcessOutcome, FetchOutcome]]] = self.runner.submit(
+            self.jobs.run, "rounds", description, tasks,
+            lambda t: run_round_task(t, keyed_function, map_function), "rounds",
+        )  # fmt: skip
+        processing: Future[list[ProcessResult]] | None = Future() if process else None
+        fetching: Future[list[FetchResult]] | None = Future() if fetch else None
+        whole.add_done_callback(lambda done: hand_out(done, processing, fetching))
+        self.processing, self.fetching = processing, fetching
+        return bool(process)
 
     # --- stage 1 ---------------------------------------------------------------------------------
 
-    def start_fetch(self, source: Reader, channels: list[Channel], held: bool) -> None:
-        """Plans the next stage-1 round and submits it; none while one is in flight, while a
-        channel is full (backpressure) or while ``held`` (restored channel state goes first)."""
-        if self.fetching is not None:
-            return
+    def _plan_fetch(
+        self, source: Reader, channels: list[Channel], held: bool
+    ) -> list[list[FetchTask]]:
+        """The round's stage-1 parts, one per source subtask with partitions to read."""
         full = any(c.full for c in channels)
         self.progress.held(full)
         if full or held:
-            return
+            return []
         planned = source.plan()
         self.progress.seen_ends(source.highs.items())
         if not planned:
-            return
+            return []
         self.fetches += 1
         settings = self.settings
         max_duration_s = (
@@ -134,17 +210,7 @@ class Rounds:
                     max_duration_s, settings.source_properties,
                 )
             )  # fmt: skip
-        self.fetching = self.stage1.submit(self._fetch, list(by_subtask.values()))
-
-    def _fetch(self, tasks: list[list[FetchTask]]) -> list[FetchResult]:
-        """One Spark task per source subtask, reading the partitions it owns."""
-        map_function = self.settings.map_function
-        partitions = sum(len(t) for t in tasks)
-        results: list[list[FetchResult] | UserCodeFailure] = self.jobs.run(
-            "stage1", f"{self.settings.job_id} stage 1: {partitions} partitions", tasks,
-            lambda t: guarded(fetch_and_partition, t, map_function), timed="stage1",
-        )  # fmt: skip
-        return [r for each in unless_user_failed(results) for r in each]
+        return list(by_subtask.values())
 
     def collect_fetch(self, wait: bool, source: Reader, channels: list[Channel]) -> int:
         """Applies a finished stage-1 round: its segments join the channels (behind any barrier
@@ -174,29 +240,21 @@ class Rounds:
 
     # --- stage 2 ---------------------------------------------------------------------------------
 
-    def start_process(
-        self,
-        channels: list[Channel],
-        backend: StateBackend,
-        emit: Emit | None,
-        end_of_input: bool = False,
-    ) -> bool:
-        """Plans the next stage-2 round and submits it (one in flight at a time); at the end of
-        a bounded input, every subtask runs once more (its end-of-input hook)."""
-        if self.processing is not None:
-            return False
+    def _plan_process(
+        self, channels: list[Channel], backend: StateBackend, emit: Emit | None, end_of_input: bool
+    ) -> list[ProcessTask]:
+        """The round's stage-2 parts, one per subtask with segments to process; at the end of a
+        bounded input, every subtask runs once more (its end-of-input hook)."""
         max_rows = self.settings.max_rows_per_round
         taken = {i: c.take(max_rows) for i, c in enumerate(channels)}
         work = [i for i, segments in taken.items() if segments]
         if end_of_input:
             work = list(range(self.settings.parallelism))
         if not work:
-            return False
+            return []
         self.rounds += 1
-        tasks = [self._process_task(i, taken[i], backend, emit, end_of_input) for i in work]
         self.round = (self.rounds, taken)
-        self.processing = self.stage2.submit(self._process, tasks)
-        return True
+        return [self._process_task(i, taken[i], backend, emit, end_of_input) for i in work]
 
     def _process_task(
         self, subtask: int, segments: list[Segment], backend: StateBackend, emit: Emit | None,
@@ -213,14 +271,6 @@ class Rounds:
             settings.state_dir, self.rounds, output_file(settings.sink_dir, self.rounds, subtask),
             end_of_input, [s.key_groups for s in segments], settings.key, emit,
         )  # fmt: skip
-
-    def _process(self, tasks: list[ProcessTask]) -> list[ProcessResult]:
-        function = self.settings.keyed_function
-        results: list[ProcessResult | UserCodeFailure] = self.jobs.run(
-            "stage2", f"{self.settings.job_id} stage 2: {len(tasks)} subtasks", tasks,
-            lambda t: guarded(process_subtask, t, function), timed="stage2",
-        )  # fmt: skip
-        return unless_user_failed(results)
 
     def collect_process(
         self,
@@ -271,5 +321,32 @@ class Rounds:
         self.round = None
 
     def shutdown(self) -> None:
-        self.stage1.shutdown(wait=True)
-        self.stage2.shutdown(wait=True)
+        self.runner.shutdown(wait=True)
+
+
+def hand_out(
+    whole: Future[list[tuple[ProcessOutcome, FetchOutcome]]],
+    processing: Future[list[ProcessResult]] | None,
+    fetching: Future[list[FetchResult]] | None,
+) -> None:
+    """Hands a finished round's results to its parts' futures: the stage-2 results in subtask
+    order, the stage-1 results flattened. The job failing fails both; the job's own function
+    raising in a part (`UserFunctionError`) fails that stage's future."""
+    try:
+        results = whole.result()
+    except BaseException as exc:
+        for future in (processing, fetching):
+            if future is not None:
+                future.set_exception(exc)
+        return
+    if processing is not None:
+        try:
+            processing.set_result(unless_user_failed([p for p, _ in results if p is not None]))
+        except BaseException as exc:
+            processing.set_exception(exc)
+    if fetching is not None:
+        try:
+            reads = unless_user_failed([f for _, f in results if f is not None])
+            fetching.set_result([r for each in reads for r in each])
+        except BaseException as exc:
+            fetching.set_exception(exc)

@@ -1,7 +1,7 @@
 """The agent's Spark jobs: one session, started on first use (or handed in: tests and benchmarks
 share theirs), and every job the agent runs on it, each tagged in a job group of its own (what
 the driver ships to tasks and gets back is counted: `traffic`) and in one of the scheduler pools
-of spark_pools.xml: ``stage1``, ``stage2``, ``recovery``, ``sink``."""
+of spark_pools.xml: ``rounds``, ``recovery``, ``sink``."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ class SparkJobs:
         self.settings = dict(settings)
         self._session = spark
         self.traffic = DriverTraffic()
-        self.stage_seconds: dict[str, float] = {"stage1": 0.0, "stage2": 0.0}
-        """Wall time inside stage-1 and stage-2 Spark jobs (they overlap)."""
+        self.stage_seconds: dict[str, float] = {"rounds": 0.0}
+        """Wall time inside the rounds' Spark jobs."""
 
     @property
     def started(self) -> bool:
@@ -49,6 +49,10 @@ class SparkJobs:
     @property
     def context(self) -> Any:
         return self.session().sparkContext
+
+    def cores(self) -> int:
+        """The task slots Spark has now (``local[N]``: N; a cluster: its executors' cores)."""
+        return int(self.context.defaultParallelism)
 
     def warm_up(self, parallelism: int) -> None:
         """Starts Spark and its Python workers: a session takes 10 s or more to its first
@@ -66,7 +70,7 @@ class SparkJobs:
         timed: str | None = None,
     ) -> list[R]:
         """Runs ``work`` over ``tasks`` as one Spark job (a task each) in the scheduler pool
-        ``pool``; ``timed``: the stage whose wall time it adds to."""
+        ``pool``; ``timed``: the `stage_seconds` entry its wall time adds to."""
         sc = self.context
         sc.setLocalProperty("spark.scheduler.pool", pool)
         self.traffic.start_job(sc, description, tasks)
