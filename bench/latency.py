@@ -61,6 +61,14 @@ over a topic filled first (1,000,000 records for peers, 500,000 for example): in
 seconds from the job's registration (REST ``start-time``) to FINISHED (``end-time``, after the
 final checkpoint and sink commit), as bench/pipeline.py and bench/peers.py measure it.
 
+CPU model of the sustained rate: during a live run the feed, the reader and the broker's writes
+share the machine's two cores with the job (at the rates near the limit the machine is busy
+throughout), during the pre-filled run only the broker's reads do. The pre-filled run samples
+the CPU of the agent's processes from RUNNING to its end; the live run at the highest rate kept
+up has its ``cpu_cores_during_feed``. Their CPU seconds per million records give the ratio the
+job would reach with cores of its own (throughput = cores / CPU per record for both):
+``cpu_model`` in each workload's ``sustained`` entry.
+
 Goals (printed and recorded, met or not): exactly-once with 1 s checkpoints p99 <= 2,500 ms at
 10,000 records/s; at-least-once p50 <= 500 ms and p99 <= 1,500 ms at 10,000 records/s; highest
 sustained rate >= 0.8 x the pre-filled throughput of the same job.
@@ -682,7 +690,8 @@ def prefilled(ctx: Context, workload_name: str, records: int) -> dict[str, Any]:
         env = sparkpoint_env(name, workload_name, *topics, "EXACTLY_ONCE", bounded=True)
         agent = Child(sparkpoint_command(ctx), work / "sparkpoint-eo.log", env)
         try:
-            code = agent.process.wait(1800)
+            cpu = running_cpu(ctx, name, agent, 1800)
+            code = agent.process.wait(60)
         finally:
             agent.stop()
         entry = job_entry(ctx, name, "/jobs/overview")
@@ -697,6 +706,59 @@ def prefilled(ctx: Context, workload_name: str, records: int) -> dict[str, Any]:
         "records_per_second": round(records / seconds),
         "job_restarts": entry.get("restarts"),
         "job": name,
+        "cpu_while_running": {
+            "seconds": round(cpu["seconds"], 2),
+            "system_cores": round(cpu["system"] / cpu["seconds"], 2),
+            "machine_cores": round(cpu["machine"] / cpu["seconds"], 2),
+            "system_cpu_s_per_million": round(cpu["system"] / records * 1e6, 1),
+        },
+    }
+
+
+def running_cpu(ctx: Context, name: str, agent: Child, timeout_s: float) -> dict[str, float]:
+    """The CPU seconds the agent's processes (its session: Spark's JVM and Python workers) and
+    the whole machine spent from the job's RUNNING to the agent's last moment, sampled every
+    0.2 s (a process's own and its reaped children's time; what the last sample misses is the
+    agent's exit). Start-up (the JVM, the first Python workers) is left out, as the
+    registration-to-FINISHED throughput leaves it out."""
+    wait_running(ctx, name, agent, 300)
+    began = time.monotonic()
+    first_system, first_machine = session_cpu(agent.pid), machine_busy()
+    last_system, last_machine, last_at = first_system, first_machine, began
+    while agent.alive() and time.monotonic() - began < timeout_s:
+        time.sleep(0.2)
+        system, machine = session_cpu(agent.pid), machine_busy()
+        if system >= last_system:  # a sample taken as the processes exit reads low
+            last_system, last_machine, last_at = system, machine, time.monotonic()
+    return {
+        "seconds": max(1e-3, last_at - began),
+        "system": last_system - first_system,
+        "machine": last_machine - first_machine,
+    }
+
+
+def cpu_model(
+    base: dict[str, Any], tried: dict[int, dict[str, Any]], highest: int
+) -> dict[str, Any] | None:
+    """What the sustained-rate goal would be on a machine where the job's cores are its own:
+    here the feed, the reader and the broker's writes share the two cores with the job during
+    live runs, and not (the feed, the reader) during the pre-filled one. The job's CPU seconds
+    per million records, live at the highest rate kept up and pre-filled; with equal cores,
+    throughput is cores / CPU per record, so their ratio is the live-over-pre-filled ratio the
+    job would reach. Also how busy the machine was at the lowest rate not kept up."""
+    run = tried.get(highest)
+    if not highest or run is None or not run.get("cpu_cores_during_feed"):
+        return None
+    live = run["cpu_cores_during_feed"]["system"] / run["input_rate"] * 1e6
+    prefilled_cpu = base["cpu_while_running"]["system_cpu_s_per_million"]
+    above = sorted(r for r, t in tried.items() if r > highest and t.get("cpu_cores_during_feed"))
+    return {
+        "live_cpu_s_per_million": round(live, 1),
+        "live_system_cores": run["cpu_cores_during_feed"]["system"],
+        "prefilled_cpu_s_per_million": prefilled_cpu,
+        "prefilled_over_live_cpu_per_record": round(prefilled_cpu / live, 2),
+        "first_rate_not_kept_up": above[0] if above else None,
+        "its_cores": tried[above[0]]["cpu_cores_during_feed"] if above else None,
     }
 
 
@@ -750,6 +812,7 @@ def sustained(
     return {
         "prefilled": base,
         "highest_sustained_rate": highest,
+        "cpu_model": cpu_model(base, tried, highest),
         "rates_tried": {
             str(r): {
                 "kept_up": run.get("kept_up"),
@@ -963,6 +1026,14 @@ def main() -> None:
             f"{found['highest_over_prefilled']} (goal {SUSTAINED_GOAL}: "
             f"{'met' if found['met'] else 'not met'})"
         )
+        if model := found.get("cpu_model"):
+            print(
+                f"  CPU per million records: live at {found['highest_sustained_rate']:,}/s "
+                f"{model['live_cpu_s_per_million']} s ({model['live_system_cores']} cores), "
+                f"pre-filled {model['prefilled_cpu_s_per_million']} s: with cores of its own the "
+                f"job would sustain {model['prefilled_over_live_cpu_per_record']}x its pre-filled "
+                f"throughput; cores at {model['first_rate_not_kept_up']}/s: {model['its_cores']}"
+            )
     reached = goals(runs, sustained_by)
     for key, goal in reached.items():
         print(f"goal {key}: {'met' if goal['met'] else 'NOT met'} ({goal['goal']})")

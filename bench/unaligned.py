@@ -2,8 +2,8 @@
 stage 2 is throttled to a fixed rate while the source reads faster, so records queue in the
 channels until backpressure holds them at about 30 s of processing. The same job runs aligned,
 then unaligned (aligned-checkpoint timeout 0), each for a while, against a real coordinator on
-the embedded broker and Spark ``local[3]`` (the throttled tasks of the 2 subtasks sleep on their
-task slots; the third lets stage 1 read ahead); then the ``make run`` demo's shape (2,000
+the embedded broker and Spark ``local[3]`` (each round reads more than its throttled stage-2
+parts take; the third slot runs the sink's tasks beside a round); then the ``make run`` demo's shape (2,000
 payments/s, no throttle, checkpoints every 1 s, ``local[2]``) with unaligned on. As ``make run`` deploys them, the
 coordinator and the demo's generator run as processes of their own, the agent in this one.
 Writes bench/results/unaligned.json.
@@ -259,9 +259,9 @@ def main() -> None:
         started = time.monotonic()
         generate(bootstrap, "payments", records)
         print(f"generated {records:,} payments in {time.monotonic() - started:.1f} s")
-        # a throttled stage-2 task sleeps on its task slot: one slot more than the subtasks
-        # lets stage 1 read ahead meanwhile (stage 2's pool takes free slots first), so the
-        # backlog builds up as behind a slow keyed function
+        # each round reads more (FETCH_RECORDS per partition) than its throttled stage-2 parts
+        # take (ROWS_PER_ROUND per subtask), so the backlog builds up as behind a slow keyed
+        # function; the third slot runs the sink's and recovery's tasks beside a round
         spark = spark_session("sparkpoint-bench-unaligned", f"local[{PARALLELISM + 1}]")
         aligned = run("aligned", "payments", {}, seconds, bootstrap, codec, spark, root)
         unaligned = run("unaligned", "payments", UNALIGNED, seconds, bootstrap, codec, spark, root)
