@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from sparkpoint.agent.job import KafkaSink
+from sparkpoint.agent.job import DeliveryGuarantee, KafkaSink
 from sparkpoint.agent.rounds.frames import to_ipc
 from sparkpoint.agent.sinks import kafka as sink_kafka
 from sparkpoint.agent.sinks.kafka import TRANSACTION_HEADER, KafkaSinkWriter
@@ -109,3 +109,26 @@ def test_a_retried_publishing_task_does_not_publish_an_epoch_its_lost_attempt_co
     records = read_all(kafka.bootstrap, topic, 150)
     assert len(records) == 150
     assert len({token for _, _, token in records}) == 2, "two transactions, not three"
+
+
+def test_an_at_least_once_record_the_broker_refuses_fails_the_task_instead_of_vanishing(
+    kafka: KafkaUnderTest, topic_prefix: str, codec: EventCodec, new_topic: Callable[..., str]
+) -> None:
+    """A producer's flush returns once every record is delivered or failed: the at-least-once
+    sink asks librdkafka for its failures, so a refused record fails the stage-2 task (the job
+    restarts and reads it again) rather than being counted as written. The producer is not kept
+    after it; the next one writes."""
+    refused = KafkaSink("not a/valid topic", delivery_guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
+    emit = KafkaSinkWriter(refused, kafka.bootstrap, codec, "job-alo", "a-1", "user").direct()
+    assert emit is not None
+    frame = pd.DataFrame({"user": ["u1", "u2"], "n": [1, 2]})
+    with pytest.raises(
+        RuntimeError, match=r"2 records to not a/valid topic not delivered: .*Invalid topic"
+    ):
+        emit(frame)
+
+    topic = new_topic()
+    sink = KafkaSink(topic, delivery_guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
+    written = KafkaSinkWriter(sink, kafka.bootstrap, codec, "job-alo", "a-1", "user").direct()
+    assert written is not None and written(frame) == 2
+    assert sorted(key for key, _, _ in read_all(kafka.bootstrap, topic, 2)) == [b"u1", b"u2"]

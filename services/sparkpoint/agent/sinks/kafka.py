@@ -28,11 +28,11 @@ import dataclasses
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 import pandas as pd
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Message, Producer
 
 from sparkpoint.agent.faults import kill, passes
 from sparkpoint.agent.formats import with_registry_settings
@@ -149,29 +149,57 @@ def publish(task: Publish) -> int:
     return count
 
 
+@dataclass
+class Undelivered:
+    """A sink producer's delivery failures (librdkafka reports only those to it: no Python call
+    per delivered record). A flush returns once every record is delivered *or failed*: a
+    failure not looked at would be a record lost."""
+
+    failed: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def __call__(self, error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            return
+        self.failed += 1
+        if len(self.examples) < 3:
+            self.examples.append(f"{message.topic()}[{message.partition()}]: {error.str()}")
+
+    def check(self, topic: str) -> None:
+        if self.failed:
+            raise RuntimeError(
+                f"{self.failed} records to {topic} not delivered: {'; '.join(self.examples)}"
+            )
+
+
 def publish_frame(task: Publish, frame: pd.DataFrame) -> int:
     """At-least-once: produces ``frame``'s records at once and waits for their delivery, with
-    this worker's producer of the sink (`_KEPT`)."""
+    this worker's producer of the sink (`_KEPT`). A record that failed fails the task (the job
+    then restarts from its latest checkpoint and reads it again)."""
     key = (
         task.bootstrap,
         task.job_id,
         repr((task.sink.topic, sorted(task.sink.properties.items()), task.client)),
     )
-    producer = _KEPT.get(key)
-    if producer is None:
-        producer = _KEPT[key] = _producer(task.sink, task.bootstrap, task.job_id, None, task.client)
+    kept = _KEPT.get(key)
+    if kept is None:
+        undelivered = Undelivered()
+        producer = _producer(task.sink, task.bootstrap, task.job_id, None, task.client, undelivered)
+        kept = _KEPT[key] = (producer, undelivered)
+    producer, undelivered = kept
     try:
         count = _produce(producer, task, frame, None)
         remaining = producer.flush(60)
         if remaining:
             raise RuntimeError(f"{remaining} records to {task.sink.topic} not delivered")
+        undelivered.check(task.sink.topic)
     except BaseException:
         _KEPT.pop(key, None)  # not reused after a failure
         raise
     return count
 
 
-_KEPT: dict[tuple[str, str, str], Producer] = {}
+_KEPT: dict[tuple[str, str, str], tuple[Producer, Undelivered]] = {}
 """This worker's at-least-once sink producers, kept between the stage-2 tasks that publish their
 round's output (a producer's first record waits for its connection and producer id)."""
 
@@ -213,10 +241,17 @@ def newest_marker(
 
 
 def _producer(
-    sink: KafkaSink, bootstrap: str, job_id: str, transactional_id: str | None, client: Frozen
+    sink: KafkaSink,
+    bootstrap: str,
+    job_id: str,
+    transactional_id: str | None,
+    client: Frozen,
+    undelivered: Undelivered | None = None,
 ) -> Producer:
     """A producer for the sink. Given the sink's transactional id, its transactions are
-    initialised, which aborts whatever an earlier producer of that id left open (fencing)."""
+    initialised, which aborts whatever an earlier producer of that id left open (fencing);
+    a transaction holding a failed record does not commit. Without: ``undelivered`` is told of
+    each record that failed."""
     config = producer_config(
         bootstrap,
         client_id=f"sparkpoint-sink-{job_id}",
@@ -226,6 +261,8 @@ def _producer(
     config["linger.ms"] = 5
     config["queue.buffering.max.messages"] = QUEUE_MESSAGES
     config |= {k: v for k, v in sink.properties.items() if k != "transactional.id"}
+    if undelivered is not None:
+        config |= {"on_delivery": undelivered, "delivery.report.only.error": True}
     if transactional_id is None:
         return Producer(config)
     config["transaction.timeout.ms"] = int(TRANSACTION_TIMEOUT_S * 1000)
