@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from sparkpoint.agent.spark.jobs import RECOVERY_POOL, ROUNDS_POOL, SINK_POOL
 from sparkpoint.common.keygroups import key_group, key_group_range, key_groups, operator_index
 
 pytestmark = pytest.mark.spark
@@ -61,11 +62,13 @@ def test_the_agents_session_shares_the_cores_between_rounds_recovery_and_the_sin
     spark: Any,
 ) -> None:
     """The session's FAIR pools come from services/sparkpoint/agent/spark/spark_pools.xml: the
-    rounds', recovery's and the sink's minimum shares exceed any cluster, so FAIR gives the
-    next core to the pool running fewer tasks (a completed epoch's publishing task does not
-    wait for the round in flight)."""
+    rounds' (``stage2``), recovery's and the sink's minimum shares exceed any cluster, so FAIR
+    gives the next core to the pool running fewer tasks; between pools running as many, Spark
+    takes the name that sorts first, and the sink's must sort before the rounds' (a completed
+    epoch's task takes the core a round frees before the next round's tasks do)."""
     context = spark.sparkContext._jsc.sc()
-    pools = [context.getPoolForName(n) for n in ("rounds", "recovery", "sink")]
+    pools = [context.getPoolForName(n) for n in (ROUNDS_POOL, RECOVERY_POOL, SINK_POOL)]
     assert all(p.isDefined() for p in pools)
     assert all(p.get().minShare() >= 10_000 for p in pools)
+    assert SINK_POOL < ROUNDS_POOL, "FAIR's tie-break: the sink's pool first"
     assert str(context.getSchedulingMode()) == "FAIR"

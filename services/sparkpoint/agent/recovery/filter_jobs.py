@@ -24,7 +24,7 @@ from sparkpoint.agent.recovery.split import (
     filter_restored,
 )
 from sparkpoint.agent.rounds.channels import Channel
-from sparkpoint.agent.spark.jobs import SparkJobs
+from sparkpoint.agent.spark.jobs import RECOVERY_POOL, SparkJobs
 from sparkpoint.agent.state.backend import local_path
 from sparkpoint.common.keygroups import KeyGroupRange
 
@@ -129,7 +129,7 @@ class FilterJobs:
                 after.wait_scheduled(sc, FILTER_ORDER_WAIT_S)
             if this.cancelled.is_set():  # the attempt ended while this job waited its turn
                 raise CancelledError("the split of restored channel state was cancelled")
-            sc.setLocalProperty("spark.scheduler.pool", "recovery")  # shares cores with stage 2
+            sc.setLocalProperty("spark.scheduler.pool", RECOVERY_POOL)  # shares cores with rounds
             this.group = self.jobs.traffic.start_job(
                 sc, f"{self.job_id} filter restored channel state", tasks
             )

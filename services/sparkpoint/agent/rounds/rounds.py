@@ -35,7 +35,7 @@ from sparkpoint.agent.rounds.user_code import UserCodeFailure, guarded, unless_u
 from sparkpoint.agent.sinks import Emit
 from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
-from sparkpoint.agent.spark.jobs import SparkJobs
+from sparkpoint.agent.spark.jobs import ROUNDS_POOL, SparkJobs
 from sparkpoint.agent.state.backend import StateBackend, Version, working_path
 from sparkpoint.common.kafka_config import Frozen
 from sparkpoint.common.keygroups import KeyGroupRange
@@ -135,6 +135,8 @@ class Rounds:
         """Bytes of the records stage 1 read (values), over every attempt."""
         self.processed_rows = 0
         """Rows stage 2 processed, over every attempt."""
+        self.state_bytes_written = 0
+        """Bytes of the key-group state files stage 2 wrote, over every attempt."""
 
     def in_flight(self) -> list[Future[Any]]:
         return [f for f in (self.fetching, self.processing) if f is not None]
@@ -169,7 +171,7 @@ class Rounds:
         )
         keyed_function, map_function = settings.keyed_function, settings.map_function
         whole: Future[list[tuple[ProcessOutcome, FetchOutcome]]] = self.runner.submit(
-            self.jobs.run, "rounds", description, tasks,
+            self.jobs.run, ROUNDS_POOL, description, tasks,
             lambda t: run_round_task(t, keyed_function, map_function), "rounds",
         )  # fmt: skip
         processing: Future[list[ProcessResult]] | None = Future() if process else None
@@ -295,6 +297,7 @@ class Rounds:
             for group, size in result.new_versions.items():
                 path = working_path(self.settings.state_dir, group, version)
                 backend.install(group, Version(path, size, version))
+                self.state_bytes_written += size
             segment_files.discard(channels[result.subtask].consumed(taken[result.subtask]))
             done.bytes_per_subtask[result.subtask] = sum(s.size for s in taken[result.subtask])
             if result.output_path is not None:

@@ -12,7 +12,7 @@ from sparkpoint.agent.job import FileSink, Job, KafkaSink
 from sparkpoint.agent.sinks import EpochCommitter, SinkWriter
 from sparkpoint.agent.sinks.files import FileSinkWriter
 from sparkpoint.agent.sinks.kafka import KafkaSinkWriter
-from sparkpoint.agent.spark.jobs import SparkJobs
+from sparkpoint.agent.spark.jobs import SINK_POOL, SparkJobs
 from sparkpoint.common.avro import EventCodec
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class JobSink:
         sink's pool, a task each (the driver ships the files' names and gets counts back)."""
         if not tasks:
             return []
-        counts = self.jobs.run("sink", f"{self.job.id} sink: {len(tasks)} tasks", tasks, work)
+        counts = self.jobs.run(SINK_POOL, f"{self.job.id} sink: {len(tasks)} tasks", tasks, work)
         return [int(n) for n in counts]
 
     def after_failure(self) -> None:

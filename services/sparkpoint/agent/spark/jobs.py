@@ -1,7 +1,7 @@
 """The agent's Spark jobs: one session, started on first use (or handed in: tests and benchmarks
 share theirs), and every job the agent runs on it, each tagged in a job group of its own (what
 the driver ships to tasks and gets back is counted: `traffic`) and in one of the scheduler pools
-of spark_pools.xml: ``rounds``, ``recovery``, ``sink``."""
+of spark_pools.xml: `ROUNDS_POOL`, `RECOVERY_POOL`, `SINK_POOL`."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+ROUNDS_POOL = "stage2"
+"""The rounds' pool (named when stage 1 ran in a pool of its own: a pools file written for it
+still applies)."""
+RECOVERY_POOL = "recovery"
+SINK_POOL = "sink"
+"""Sorts before `ROUNDS_POOL`: Spark's FAIR comparison takes the first name between pools
+running equally many tasks (spark_pools.xml says why that matters)."""
 
 
 class SparkJobs:
