@@ -169,7 +169,7 @@ def run_size(
     rss.stop.set()
     uploaded, full = checkpoint_bytes(bootstrap, codec, job.id)
     state_size = full[max(full)] if full else 0
-    written = agent.state_bytes_written
+    written = agent.stages.state_bytes_written
     per_part = written / max(1, agent.rounds)
     restores = {}
     for parallelism in (2, 4):

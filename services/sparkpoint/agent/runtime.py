@@ -248,11 +248,6 @@ class Agent:
         return self.stages.input_bytes
 
     @property
-    def state_bytes_written(self) -> int:
-        """Bytes of key-group state files written by stage 2 (`bench/state.py` reports them)."""
-        return self.stages.state_bytes_written
-
-    @property
     def stage_seconds(self) -> dict[str, float]:
         return self.spark_jobs.stage_seconds
 
