@@ -119,6 +119,27 @@ def run_job(
     return agent, figures
 
 
+def restore_seconds(
+    job: Any, bootstrap: str, codec: EventCodec, spark: Any, root: Path
+) -> dict[str, float]:
+    """Start to registration (Spark warm) of an agent restoring ``job``'s latest checkpoint
+    under ``root``, at parallelism 2 and rescaled to 4."""
+    restores = {}
+    for parallelism in (2, 4):
+        again = Agent(
+            job,
+            AgentOptions(
+                bootstrap, restore="latest", parallelism=parallelism,
+                checkpoint_dir=str(root / "checkpoints"),
+            ),
+            codec,
+            spark=spark,
+        )  # fmt: skip
+        again.run()
+        restores[f"parallelism_{parallelism}_s"] = round(again.start_seconds, 2)
+    return restores
+
+
 def on_cluster(
     workers: int, bootstrap: str, codec: EventCodec, root: Path, records: int
 ) -> dict[str, Any]:
@@ -161,19 +182,7 @@ def main() -> None:
         print(f"fixed cost of a round (a no-op Spark job, local[2]): {fixed} ms")
 
         agent, local = run_job("bench-pipeline", bootstrap, codec, spark, root, records)
-        restores = {}
-        for parallelism in (2, 4):
-            again = Agent(
-                agent.job,
-                AgentOptions(
-                    bootstrap, restore="latest", parallelism=parallelism,
-                    checkpoint_dir=str(root / "checkpoints"),
-                ),
-                codec,
-                spark=spark,
-            )  # fmt: skip
-            again.run()
-            restores[f"parallelism_{parallelism}_s"] = round(again.start_seconds, 2)
+        restores = restore_seconds(agent.job, bootstrap, codec, spark, root)
         print(f"restore (start to registration, Spark warm): {restores}")
         spark.stop()
 

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from confluent_kafka import Producer
 from latency_job import RunningSum
-from pipeline import checkpoint_durations
+from pipeline import checkpoint_durations, restore_seconds
 from recording import percentiles, start_coordinator, write_results
 
 from sparkpoint.agent.job import DeliveryGuarantee, Job, KafkaSink, KafkaSource
@@ -171,19 +171,7 @@ def run_size(
     state_size = full[max(full)] if full else 0
     written = agent.stages.state_bytes_written
     per_part = written / max(1, agent.rounds)
-    restores = {}
-    for parallelism in (2, 4):
-        again = Agent(
-            job,
-            AgentOptions(
-                bootstrap, restore="latest", parallelism=parallelism,
-                checkpoint_dir=str(root / "checkpoints"),
-            ),
-            codec,
-            spark=spark,
-        )  # fmt: skip
-        again.run()
-        restores[f"parallelism_{parallelism}_s"] = round(again.start_seconds, 2)
+    restores = restore_seconds(job, bootstrap, codec, spark, root)
     figures = {
         "keys": keys,
         "updates": updates,
