@@ -12,6 +12,7 @@ import pytest
 
 from sparkpoint.common import redaction
 from sparkpoint.common.java_formats import jaas_credentials, java_properties
+from sparkpoint.common.kafka import producer_config
 from sparkpoint.common.kafka_config import (
     SPARKPOINT_OWNS,
     KafkaConfigError,
@@ -442,3 +443,10 @@ def test_a_word_alone_on_a_line_is_refused_without_being_named() -> None:
     # an empty value of a real (dotted) property stays: Kafka's way to turn a check off
     found = parse_properties("ssl.endpoint.identification.algorithm=\n", "p")
     assert found == {"ssl.endpoint.identification.algorithm": ""}
+
+
+def test_a_transactional_producer_connects_to_its_brokers_at_once() -> None:
+    """Sparse connections put a retry timer (54 ms, often 504 ms) into every
+    ``init_transactions``, and a sink's transactional producer lives for one epoch."""
+    assert producer_config("b:9092", transactional_id="t")["enable.sparse.connections"] is False
+    assert "enable.sparse.connections" not in producer_config("b:9092")

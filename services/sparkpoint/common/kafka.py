@@ -143,6 +143,13 @@ def producer_config(
     }
     if transactional_id is not None:
         config["transactional.id"] = transactional_id
+        # librdkafka connects to a broker only once it needs one (sparse connections). Its
+        # ``init_transactions`` then finds no broker up while the bootstrap connection is
+        # retired, and waits for its retry timer: 54 ms, and 504 ms in about one call in ten
+        # (measured on the embedded broker). Connecting to the brokers as soon as they are known
+        # makes it 3 ms, every call; a sink's producer lives for one epoch, so this is on the
+        # exactly-once commit path.
+        config["enable.sparse.connections"] = False
     if one_record_per_batch:
         config |= {"linger.ms": 0, "batch.num.messages": 1}
     return config
