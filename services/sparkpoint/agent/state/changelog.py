@@ -1,0 +1,394 @@
+"""Keyed state as runs of changes: what a round writes is what it changed.
+
+A **run** holds rows of every declared state, sorted by one 64-bit column, ``kh``: the key group
+in the top 16 bits, a hash of the key below (`positions`). A key's rows are therefore together,
+in their list order, and the rows of one key group are one slice. Two kinds of run:
+
+- a **change run**, one per keyed subtask and round: for each state the round changed, the keys
+  whose rows it replaced (``replaced``: a key listed with no rows was deleted) and their new
+  rows; it covers the key groups of the records the round had;
+- a **base run**, one per key group: its whole state at some round (materialized).
+
+The state of a key is in the newest run that replaced it, else in the base, else nowhere. A lookup
+of a round's keys (`lookup`) therefore costs a binary search per run in the key's key group and
+touches only the rows it returns: the runs can be memory-mapped files far larger than memory.
+`materialize` folds a key group's runs into a new base; how often is the backend's choice.
+
+Everything is columnar: no Python call per key or row. Hash collisions are harmless: a search
+finds every row of the hash, and the rows are then kept only for the keys asked for.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+from sparkpoint.agent.job import MapState, StateDescriptor, empty_series
+from sparkpoint.agent.state.backend import map_index
+
+KH = "kh"
+"""The sort column: key group << 48 | the key's hash's low 48 bits."""
+HASH_BITS = 48
+HASH_MASK = np.uint64((1 << HASH_BITS) - 1)
+
+
+def positions(groups: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The ``kh`` of each (key group, key). Keys hash as pandas hashes objects (SipHash with a
+    fixed key, the same in every process), an integer as its decimal string."""
+    hashed = pd.util.hash_array(np.asarray(keys, dtype=object), categorize=False)
+    kh: np.ndarray = (groups.astype(np.uint64) << np.uint64(HASH_BITS)) | (hashed & HASH_MASK)
+    return kh
+
+
+def group_bounds(group: int) -> tuple[np.uint64, np.uint64]:
+    """The ``kh`` range of a key group: [low, high)."""
+    return np.uint64(group << HASH_BITS), np.uint64((group + 1) << HASH_BITS)
+
+
+# --- a run ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """Rows per state (a table sorted by ``kh``: kh, key, [user_key], value) and, for a change
+    run, the replaced keys per state (kh, key, sorted by kh); ``replaced is None``: a base."""
+
+    rows: Mapping[str, pa.Table]
+    replaced: Mapping[str, pa.Table] | None = None
+
+    @property
+    def is_base(self) -> bool:
+        return self.replaced is None
+
+    def groups(self) -> set[int]:
+        """The key groups the run has rows or replaced keys of."""
+        found: set[int] = set()
+        for table in [*self.rows.values(), *(self.replaced or {}).values()]:
+            if table.num_rows:
+                found |= set((_kh(table) >> np.uint64(HASH_BITS)).astype(np.int64).tolist())
+        return found
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in [*self.rows.values(), *(self.replaced or {}).values()])
+
+
+def _kh(table: pa.Table) -> np.ndarray:
+    column = table.column(KH)
+    found: np.ndarray = (
+        column.chunk(0).to_numpy()  # zero copy: no nulls
+        if column.num_chunks == 1
+        else column.to_numpy()
+    )
+    return found
+
+
+def encode_run(run: Run) -> bytes:
+    """One Arrow IPC file: a table of (state, part, Arrow IPC stream bytes)."""
+    names, parts, payloads = [], [], []
+    for part, tables in (("rows", run.rows), ("replaced", run.replaced or {})):
+        for name, table in sorted(tables.items()):
+            sink = io.BytesIO()
+            with ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            names.append(name)
+            parts.append(part)
+            payloads.append(sink.getvalue())
+    container = pa.table(
+        {
+            "state": pa.array(names, pa.string()),
+            "part": pa.array(parts, pa.string()),
+            "ipc": pa.array(payloads, pa.binary()),
+        },
+        metadata={"kind": "base" if run.is_base else "changes"},
+    )
+    out = io.BytesIO()
+    with ipc.new_file(out, container.schema) as writer:
+        writer.write_table(container)
+    return out.getvalue()
+
+
+def decode_run(data: pa.Buffer | bytes) -> Run:
+    """A run from `encode_run`'s bytes; its tables share ``data``'s memory (a memory-mapped
+    file stays on disk until rows are taken from it)."""
+    source = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    container = ipc.open_file(pa.BufferReader(source)).read_all()
+    metadata = container.schema.metadata or {}
+    rows: dict[str, pa.Table] = {}
+    replaced: dict[str, pa.Table] = {}
+    payloads = container.column("ipc").combine_chunks()
+    for i, (name, part) in enumerate(
+        zip(
+            container.column("state").to_pylist(), container.column("part").to_pylist(), strict=True
+        )
+    ):
+        buffer = payloads[i].as_buffer()  # zero copy
+        table = ipc.open_stream(pa.BufferReader(buffer)).read_all()
+        (rows if part == "rows" else replaced)[name] = table
+    is_base = metadata.get(b"kind") == b"base"
+    return Run(rows, None if is_base else replaced)
+
+
+# --- series <-> tables ----------------------------------------------------------------------------
+
+
+def to_table(series: pd.Series, groups: np.ndarray) -> pa.Table:
+    """A state series as a run's table, sorted by ``kh`` (stable: list order is kept);
+    ``groups``: each row's key group."""
+    index = series.index
+    keys = index.get_level_values(0).to_numpy() if isinstance(index, pd.MultiIndex) else index
+    keys = np.asarray(keys)
+    kh = positions(groups, keys)
+    order = np.argsort(kh, kind="stable")
+    columns: dict[str, pa.Array] = {KH: pa.array(kh[order]), "key": pa.array(keys[order])}
+    if isinstance(index, pd.MultiIndex):
+        columns["user_key"] = pa.array(index.get_level_values(1).to_numpy()[order])
+    columns["value"] = pa.array(series.to_numpy()[order])
+    return pa.table(columns)
+
+
+def keys_table(keys: np.ndarray, groups: np.ndarray) -> pa.Table:
+    """Replaced keys as a run's table, sorted by ``kh``."""
+    kh = positions(groups, keys)
+    order = np.argsort(kh, kind="stable")
+    return pa.table({KH: pa.array(kh[order]), "key": pa.array(np.asarray(keys)[order])})
+
+
+def to_series(name: str, table: pa.Table | None, descriptor: StateDescriptor) -> pd.Series:
+    """A run's table (or the rows taken from runs) as the state series a function sees."""
+    if table is None or not table.num_rows:
+        return empty_series(descriptor).rename(name)
+    keys = table.column("key").to_numpy(zero_copy_only=False)
+    values = table.column("value").to_numpy(zero_copy_only=False)
+    if isinstance(descriptor, MapState):
+        user_keys = table.column("user_key").to_numpy(zero_copy_only=False)
+        index: pd.Index = map_index(keys, user_keys)
+    else:
+        index = pd.Index(keys, name="key")
+    series = pd.Series(values, index=index, name=name, copy=False)
+    return series.astype(descriptor.dtype, copy=False)
+
+
+# --- lookups ----------------------------------------------------------------------------------------
+
+
+def _ranges(sorted_kh: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Row numbers of every row of ``sorted_kh`` whose value is in ``wanted`` (sorted, unique),
+    in row order."""
+    low = np.searchsorted(sorted_kh, wanted, "left")
+    high = np.searchsorted(sorted_kh, wanted, "right")
+    lengths = high - low
+    hit = lengths > 0
+    low, lengths = low[hit], lengths[hit]
+    if not len(low):
+        return np.empty(0, dtype=np.int64)
+    starts = np.repeat(low - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
+    return starts + np.arange(int(lengths.sum()))
+
+
+def _take(table: pa.Table, wanted: np.ndarray, keys: pa.Array) -> pa.Table:
+    """The rows of ``table`` whose kh is in ``wanted`` and whose key is in ``keys``."""
+    rows = table.take(pa.array(_ranges(_kh(table), wanted)))
+    if not rows.num_rows:
+        return rows
+    return rows.filter(pc.is_in(rows.column("key"), value_set=keys))
+
+
+def lookup(
+    changes: Sequence[tuple[Run, Collection[int] | None]],
+    bases: Sequence[Run],
+    keys: np.ndarray,
+    groups: np.ndarray,
+    declared: Mapping[str, StateDescriptor],
+) -> dict[str, pd.Series]:
+    """The state of ``keys`` (their key groups: ``groups``), one series per declared state:
+    each key's rows from the newest of ``changes`` (newest first, each with the key groups it
+    is still live for, None: all) that replaced it, else from ``bases`` (key groups' bases:
+    their ``kh`` ranges are disjoint)."""
+    unique_keys, first = np.unique(np.asarray(keys, dtype=object), return_index=True)
+    kh = positions(np.asarray(groups)[first].astype(np.int64), unique_keys)
+    order = np.argsort(kh, kind="stable")  # so that any subset of kh is sorted too
+    kh, unique_keys = kh[order], unique_keys[order]
+    key_groups = (kh >> np.uint64(HASH_BITS)).astype(np.int64)
+    index = pd.Index(unique_keys)
+    found: dict[str, pd.Series] = {}
+    for name, descriptor in declared.items():
+        pending = np.ones(len(unique_keys), dtype=bool)
+        parts: list[pa.Table] = []
+        for run, live in changes:
+            replaced = (run.replaced or {}).get(name)
+            if replaced is None or not replaced.num_rows:
+                continue
+            asked = pending if live is None else pending & np.isin(key_groups, list(live))
+            if not asked.any():
+                continue
+            wanted, wanted_keys = _distinct(kh[asked]), pa.array(unique_keys[asked])
+            decided = _take(replaced, wanted, wanted_keys)
+            if not decided.num_rows:
+                continue
+            rows = run.rows.get(name)
+            if rows is not None and rows.num_rows:
+                parts.append(_take(rows, wanted, decided.column("key")))
+            pending[index.get_indexer(decided.column("key").to_numpy(False))] = False
+            if not pending.any():
+                break
+        if pending.any():
+            wanted, wanted_keys = _distinct(kh[pending]), unique_keys[pending]
+            for base in bases:
+                rows = base.rows.get(name)
+                if rows is None or not rows.num_rows:
+                    continue
+                low, high = group_bounds(int(_kh(rows)[0] >> np.uint64(HASH_BITS)))
+                start, end = np.searchsorted(wanted, [low, high], "left")
+                if start < end:
+                    parts.append(_take(rows, wanted[start:end], pa.array(wanted_keys[start:end])))
+        table = pa.concat_tables(parts, promote_options="permissive") if parts else None
+        found[name] = to_series(name, table, descriptor)
+    return found
+
+
+def _distinct(sorted_kh: np.ndarray) -> np.ndarray:
+    """``sorted_kh`` without repeats (two keys whose hashes collide): a repeated position would
+    take its rows twice."""
+    if len(sorted_kh) > 1 and not (sorted_kh[1:] != sorted_kh[:-1]).all():
+        return np.unique(sorted_kh)
+    return sorted_kh
+
+
+# --- a round's changes, and materialization ------------------------------------------------------
+
+
+def changes(
+    before: Mapping[str, pd.Series],
+    after: Mapping[str, pd.Series],
+    changed: set[str],
+    keys: np.ndarray,
+    groups: np.ndarray,
+) -> Run:
+    """The change run of one round. The function was given ``keys`` (their key groups:
+    ``groups``) with their state ``before``; for each state in ``changed``, the keys that had
+    rows before or have rows ``after`` are replaced by their rows after (none: deleted).
+    ``after`` may hold rows of the given keys only: another key raises KeyError naming it."""
+    unique_keys, first = np.unique(np.asarray(keys, dtype=object), return_index=True)
+    group_of = pd.Series(np.asarray(groups)[first], index=unique_keys)
+    rows: dict[str, pa.Table] = {}
+    replaced: dict[str, pa.Table] = {}
+    for name in sorted(changed):
+        series = after[name]
+        row_keys = _keys(series)
+        row_groups = group_of.reindex(row_keys)
+        if row_groups.isna().any():
+            raise KeyError(row_keys[row_groups.isna().to_numpy()][0])
+        rows[name] = to_table(series, row_groups.to_numpy().astype(np.int64))
+        touched = pd.unique(np.concatenate([_keys(before[name]), row_keys]))
+        replaced[name] = keys_table(touched, group_of.reindex(touched).to_numpy().astype(np.int64))
+    return Run(rows, replaced)
+
+
+def _keys(series: pd.Series) -> np.ndarray:
+    index = series.index
+    keys = index.get_level_values(0) if isinstance(index, pd.MultiIndex) else index
+    return np.asarray(keys, dtype=object)
+
+
+def materialize(runs: Sequence[Run], group: int) -> Run:
+    """Key group ``group``'s whole state from its runs (newest first) as one base run."""
+    low, high = group_bounds(group)
+    names = {name for run in runs for name in run.rows} | {
+        name for run in runs for name in (run.replaced or {})
+    }
+    rows: dict[str, pa.Table] = {}
+    for name in sorted(names):
+        decided = pd.Index([], dtype=object)
+        parts: list[pa.Table] = []
+        for run in runs:
+            table = run.rows.get(name)
+            if table is not None and table.num_rows:
+                part = _slice(table, low, high)
+                if len(decided):
+                    part = part.filter(
+                        pc.invert(pc.is_in(part.column("key"), value_set=pa.array(decided)))
+                    )
+                parts.append(part)
+            if run.replaced is None:
+                break
+            keys = run.replaced.get(name)
+            if keys is not None and keys.num_rows:
+                decided = decided.union(
+                    pd.Index(_slice(keys, low, high).column("key").to_numpy(False))
+                )
+        if not parts:
+            continue
+        merged = pa.concat_tables(parts, promote_options="permissive")
+        if merged.num_rows:
+            order = np.argsort(_kh(merged), kind="stable")
+            rows[name] = merged.take(pa.array(order))
+    return Run(rows)
+
+
+def _slice(table: pa.Table, low: np.uint64, high: np.uint64) -> pa.Table:
+    kh = _kh(table)
+    start, end = np.searchsorted(kh, [low, high], "left")
+    return table.slice(int(start), int(end - start))
+
+
+def merge_runs(runs: Sequence[tuple[Run, Collection[int]]]) -> Run:
+    """Change runs (newest first, each with the key groups it is live for) as one change run:
+    for each key, the newest live run's rows. A run's rows of a key group it is not live for
+    (one materialized since) are left out: they may be older than that key group's base."""
+    names = sorted({name for run, _ in runs for name in (run.replaced or {})})
+    rows: dict[str, pa.Table] = {}
+    replaced: dict[str, pa.Table] = {}
+    for name in names:
+        decided = pd.Index([], dtype=object)
+        kept_rows: list[pa.Table] = []
+        kept_keys: list[pa.Table] = []
+        for run, live in runs:
+            keys = (run.replaced or {}).get(name)
+            if keys is None or not keys.num_rows:
+                continue
+            keys = keys.filter(_live(keys, live))
+            if len(decided) and keys.num_rows:
+                fresh = pc.invert(pc.is_in(keys.column("key"), value_set=pa.array(decided)))
+                keys = keys.filter(fresh)
+            if not keys.num_rows:
+                continue
+            kept_keys.append(keys)
+            key_set = keys.column("key").combine_chunks()
+            table = run.rows.get(name)
+            if table is not None and table.num_rows:
+                kept_rows.append(table.filter(pc.is_in(table.column("key"), value_set=key_set)))
+            decided = decided.append(pd.Index(key_set.to_numpy(zero_copy_only=False)))
+        if kept_keys:
+            replaced[name] = _sorted(pa.concat_tables(kept_keys, promote_options="permissive"))
+        if kept_rows:
+            rows[name] = _sorted(pa.concat_tables(kept_rows, promote_options="permissive"))
+    return Run(rows, replaced)
+
+
+def _live(table: pa.Table, live: Collection[int]) -> pa.Array:
+    groups = (_kh(table) >> np.uint64(HASH_BITS)).astype(np.int64)
+    return pa.array(np.isin(groups, list(live)))
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+    if not table.num_rows:
+        return table
+    return table.take(pa.array(np.argsort(_kh(table), kind="stable")))
+
+
+def from_legacy(frames: Mapping[str, pd.Series], group: int) -> Run:
+    """A key group's state file of the earlier format (every state of one key group, as
+    `backend.decode_state` reads it), as a base run."""
+    rows = {
+        name: to_table(series, np.full(len(series), group, dtype=np.int64))
+        for name, series in frames.items()
+        if len(series)
+    }
+    return Run(rows)
