@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import latency_job
 import numpy as np
 from confluent_kafka import Producer
 from latency_job import RunningSum
@@ -207,6 +208,10 @@ def run_size(
 
 
 def main() -> None:
+    from pyspark import cloudpickle
+
+    # the job's function travels to the Python workers by value: bench/ is not on their path
+    cloudpickle.register_pickle_by_value(latency_job)  # type: ignore[no-untyped-call]
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--keys", help="comma-separated key counts (default 10000,1000000)")
     parser.add_argument("--updates", type=int, default=UPDATES)

@@ -1,7 +1,8 @@
-"""Stage 2 of a subtask on real files (services/sparkpoint/agent/rounds/ (fetch.py, process.py)): one call of the keyed function
-per round over every key group that got records, the state split back per key group. The
-output over several rounds and the end of input must equal the plain-Python reference, and each
-key group's state file must hold its own keys only (a rescale moves whole key groups)."""
+"""Stage 2 of a subtask on real files (services/sparkpoint/agent/rounds/process.py and
+agent/state/): one call of the keyed function per round with the state of its records' keys,
+one change run per round, runs merged and key groups folded into bases as the books ask. The
+output over many rounds and the end of input must equal the plain-Python reference, and each key
+group's state must hold its own keys only (a rescale moves whole key groups)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ from sparkpoint.agent.job import KeyedState, StateDescriptor, ValueState
 from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN, from_ipc, to_ipc
 from sparkpoint.agent.rounds.process import ProcessTask, process_subtask
 from sparkpoint.agent.rounds.user_code import UserCodeRaised
-from sparkpoint.agent.state.backend import decode_state, read_file, working_path
-from sparkpoint.common.keygroups import key_group, key_groups
+from sparkpoint.agent.state.books import StateBackend
+from sparkpoint.agent.state.runs import StateView
+from sparkpoint.common.keygroups import KeyGroupRange, key_group, key_groups
 
 MAX_PARALLELISM = 128
+EVERY_GROUP = KeyGroupRange(0, MAX_PARALLELISM - 1)
 
 
 def segment(directory: Path, name: str, rows: list[dict[str, object]]) -> str:
@@ -31,27 +34,31 @@ def segment(directory: Path, name: str, rows: list[dict[str, object]]) -> str:
 
 
 def rounds(
-    tmp_path: Path, function: object, batches: list[list[dict[str, object]]]
-) -> tuple[list[tuple[str, str, int, int]], dict[int, int | str]]:
+    tmp_path: Path, function: object, batches: list[list[dict[str, object]]],
+    materialize_interval_s: float = 600.0,
+) -> tuple[list[tuple[str, str, int, int]], StateBackend]:  # fmt: skip
     """Runs stage 2 of one subtask that owns every key group over ``batches`` (a round each),
-    then the end of input; returns the output and the key groups' state versions."""
-    channel, state = tmp_path / "channel", tmp_path / "state"
+    then the end of input, the driver's books told what each round wrote (a clock that moves a
+    second a round); returns the output and the books."""
+    channel = tmp_path / "channel"
     channel.mkdir()
-    versions: dict[int, int | str] = {}
+    books = StateBackend(str(tmp_path / "state"), materialize_interval_s=materialize_interval_s)
     emitted: list[pd.DataFrame] = []
     for number, rows in enumerate([*batches, []], start=1):
         names = [segment(channel, f"seg-{number}", rows)] if rows else []
+        seq = books.seq(number)
+        asked = books.subtask_state(EVERY_GROUP, seq, 0, float(number))
         task = ProcessTask(
-            0, str(channel), names, dict(versions), str(state), number,
+            0, str(channel), names, asked, books.run_path(seq, 0),
             str(tmp_path / f"out-{number}.arrow"), end_of_input=not rows, key="account",
         )  # fmt: skip
         result = process_subtask(task, function)  # type: ignore[arg-type]
-        versions.update(dict.fromkeys(result.new_versions, number))
+        books.install(asked, result.written, seq, float(number))
         if result.output_path:
             emitted.append(from_ipc(result.output_path))
     out = pd.concat(emitted, ignore_index=True)
     rows_out = [(r.kind, r.account, int(r.id), int(r.value)) for r in out.itertuples(index=False)]
-    return rows_out, versions
+    return rows_out, books
 
 
 class SortingInPlace(PaymentStats):
@@ -62,21 +69,27 @@ class SortingInPlace(PaymentStats):
         return super().process(records, state)
 
 
+@pytest.mark.parametrize("materialize_interval_s", [1e9, 0.0], ids=["runs", "bases"])
 @pytest.mark.parametrize("function", [PaymentStats(), SortingInPlace()], ids=["plain", "sorting"])
 def test_rounds_of_many_key_groups_give_the_reference_output_and_state_per_key_group(
-    tmp_path: Path, function: PaymentStats
+    tmp_path: Path, function: PaymentStats, materialize_interval_s: float
 ) -> None:
+    """Enough rounds for runs to merge; with a zero interval, key groups also fold into bases
+    (a share each round)."""
     events = list(payments(6_000, accounts=300))
-    batches = [[vars(e) for e in events[i : i + 1_500]] for i in range(0, len(events), 1_500)]
+    batches = [[vars(e) for e in events[i : i + 400]] for i in range(0, len(events), 400)]
 
-    got, versions = rounds(tmp_path, function, batches)
+    got, books = rounds(tmp_path, function, batches, materialize_interval_s)
 
     assert sorted(got) == sorted(reference_output(events, end_of_input=True))
-    assert len(versions) > 64  # the rounds covered most of the 128 key groups
-    for group, version in versions.items():
-        path = working_path(str(tmp_path / "state"), group, int(version))
-        frames = decode_state(read_file(path), PaymentStats.state)
-        keys = set(frames["total"].index) | set(frames["windows"].index.get_level_values(0))
+    assert len(books.chains) > 64  # the rounds covered most of the 128 key groups
+    assert any(r.level > 0 for c in books.chains.values() for r in c.runs), "runs merged"
+    based = [g for g, c in books.chains.items() if c.base is not None]
+    assert bool(based) == (materialize_interval_s == 0.0)
+    view = StateView(books.subtask_state(EVERY_GROUP, 99, 0, 0.0), PaymentStats.state)
+    for group in books.chains:
+        folded = view.folded(group)
+        keys = {k for table in folded.rows.values() for k in table.column("key").to_pylist()}
         assert keys and {key_group(k, MAX_PARALLELISM) for k in keys} == {group}
 
 

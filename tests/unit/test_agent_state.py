@@ -1,5 +1,6 @@
-"""The key-group state: typed state through KeyedState, the Arrow file of a key group, and the
-backend's books (what an incremental checkpoint copies, what it reuses, what may be deleted)."""
+"""Typed state through KeyedState, the earlier format of a key group's Arrow file (restores of
+older checkpoints read it), and immutable state files linked into checkpoints. The books of
+state files: test_state_books.py; runs of changes: test_state_changelog.py."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import pytest
 
 from sparkpoint.agent.job import KeyedState, ListState, MapState, ValueState
 from sparkpoint.agent.state.backend import (
-    StateBackend,
-    Version,
     decode_state,
     encode_state,
     link_or_copy,
@@ -99,97 +98,6 @@ def test_state_in_a_snapshot_that_the_job_no_longer_declares_is_dropped() -> Non
     state.update_value("total", pd.Series([1], index=["a"]))
     decoded = decode_state(encode_state(state.frames()), {"other": ValueState()})
     assert set(decoded) == {"other"} and len(decoded["other"]) == 0
-
-
-def backend(tmp_path: Path) -> StateBackend:
-    b = StateBackend(str(tmp_path / "state"))
-    for group in (1, 2):
-        path = tmp_path / f"v1-{group}"
-        path.write_bytes(b"x")
-        b.install(group, Version(str(path), 10, 1))
-    return b
-
-
-def test_an_incremental_checkpoint_copies_only_key_groups_changed_since_the_last_completed(
-    tmp_path: Path,
-) -> None:
-    b = backend(tmp_path)
-    first = b.plan(1, [1, 2], True, "/chk-1", "/shared")
-    assert all(upload.new for upload, _ in first)
-    b.release(s for _, s in first)
-    b.complete(1, is_savepoint=False)
-
-    changed = tmp_path / "v2-2"
-    changed.write_bytes(b"y")
-    b.install(2, Version(str(changed), 12, 2))
-    second = {u.group: u for u, _ in b.plan(2, [1, 2], True, "/chk-2", "/shared")}
-
-    assert not second[1].new and second[1].path == next(u.path for u, _ in first if u.group == 1)
-    assert second[2].new and second[2].path.startswith("/shared/") and second[2].shared
-
-
-def test_a_full_checkpoint_copies_everything_into_its_own_directory_and_is_no_base(
-    tmp_path: Path,
-) -> None:
-    b = backend(tmp_path)
-    b.plan(1, [1, 2], True, "/chk-1", "/shared")
-    b.complete(1, is_savepoint=False)
-    full = b.plan(2, [1, 2], False, "/chk-2", "/shared")
-    assert all(u.new and u.path.startswith("/chk-2/") and not u.shared for u, _ in full)
-    b.complete(2, is_savepoint=False)
-    after = b.plan(3, [1, 2], True, "/chk-3", "/shared")
-    assert all(u.new for u, _ in after), "the shared copies of 1 may be gone: copy again"
-
-
-def test_a_savepoint_does_not_change_the_incremental_base(tmp_path: Path) -> None:
-    b = backend(tmp_path)
-    b.plan(1, [1, 2], True, "/chk-1", "/shared")
-    b.complete(1, is_savepoint=False)
-    b.plan(2, [1, 2], False, "/savepoint", "/shared")
-    b.complete(2, is_savepoint=True)
-    assert not any(u.new for u, _ in b.plan(3, [1, 2], True, "/chk-3", "/shared"))
-
-
-def test_an_aborted_checkpoint_confirms_nothing(tmp_path: Path) -> None:
-    b = backend(tmp_path)
-    b.plan(1, [1, 2], True, "/chk-1", "/shared")
-    b.abort(1)
-    b.complete(1, is_savepoint=False)  # a late completion of an aborted id has nothing to confirm
-    assert all(u.new for u, _ in b.plan(2, [1, 2], True, "/chk-2", "/shared"))
-
-
-def test_replaced_working_versions_are_deleted_once_no_snapshot_copies_from_them(
-    tmp_path: Path,
-) -> None:
-    b = backend(tmp_path)
-    old = tmp_path / "v1-1"
-    plan = b.plan(1, [1], True, "/chk-1", "/shared")
-    newer = tmp_path / "v2-1"
-    newer.write_bytes(b"z")
-    b.install(1, Version(str(newer), 1, 2))
-
-    assert b.collect_garbage() == [] and old.exists(), "pinned by the copy in progress"
-    b.release(s for _, s in plan)
-    assert b.collect_garbage() == [str(old)] and not old.exists()
-
-
-def test_restored_files_are_never_deleted_by_the_agent_and_shared_ones_are_the_base(
-    tmp_path: Path,
-) -> None:
-    b = StateBackend(str(tmp_path / "state"))
-    restored = tmp_path / "shared-1"
-    restored.write_bytes(b"r")
-    b.restore({1: (str(restored), 1)}, shared=True)
-    assert not any(u.new for u, _ in b.plan(5, [1], True, "/chk-5", "/shared"))
-    newer = tmp_path / "v1-1"
-    newer.write_bytes(b"n")
-    b.install(1, Version(str(newer), 1, 1))
-    b.collect_garbage()
-    assert restored.exists()
-
-    savepoint = StateBackend(str(tmp_path / "state2"))
-    savepoint.restore({1: (str(restored), 1)}, shared=False)
-    assert all(u.new for u, _ in savepoint.plan(5, [1], True, "/chk-5", "/shared"))
 
 
 def test_a_linked_copy_keeps_its_bytes_when_the_source_path_is_written_again(

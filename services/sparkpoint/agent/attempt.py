@@ -32,7 +32,7 @@ from sparkpoint.agent.sinks import EpochCommitter, SinkWriter
 from sparkpoint.agent.sinks.ledger import EpochLedger
 from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
-from sparkpoint.agent.state.backend import StateBackend
+from sparkpoint.agent.state.books import StateBackend
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.checkpoint_store import latest_store_record
 from sparkpoint.common.events import JobRegistered, JobStatus, Subtask
@@ -92,12 +92,15 @@ class AttemptMaker:
         """The parts of a new attempt, restored where ``restored`` says."""
         parallelism = len(self.ranges)
         channels = [Channel(i, self.options.capacity_bytes) for i in range(parallelism)]
-        backend = StateBackend(self.places.state_dir)
+        backend = StateBackend(
+            self.places.state_dir,
+            materialize_interval_s=self.config.materialize_interval_ms / 1000,
+        )
         source = self._source_reader()
         restoring = ChannelRecovery()
         if restored is not None:
             self._check_positions(restored, source)
-            backend.restore(restored.key_groups, restored.shared)
+            backend.restore(restored.state_files.values(), restored.shared)
         source.start(restored.positions if restored else None)
         self.progress.start(source.positions)
         self.progress.seen_ends(source.ends.items())

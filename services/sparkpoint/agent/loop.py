@@ -28,7 +28,7 @@ from sparkpoint.agent.recovery.filter_jobs import FilterJobs
 from sparkpoint.agent.rounds.channels import SegmentFiles
 from sparkpoint.agent.rounds.rounds import Rounds
 from sparkpoint.agent.sinks import EpochCommitter, SinkWriter
-from sparkpoint.agent.state.backend import StateBackend
+from sparkpoint.agent.state.books import StateBackend
 from sparkpoint.common.events import (
     CancelJob,
     FailoverRequest,
@@ -133,7 +133,7 @@ class JobLoop:
         fetched = self.stages.collect_fetch(wait, parts.source, parts.channels)
         if fetched:
             crash_point("mid-batch")
-            if self.checkpointer.outcomes.completed and parts.backend.versions:
+            if self.checkpointer.outcomes.completed and parts.backend.chains:
                 crash_point("mid-batch-after-complete")
         processed = self.stages.collect_process(
             wait, parts.channels, parts.backend, self.segment_files

@@ -424,7 +424,7 @@ class Agent:
         log.info(
             "job %s running: agent %s attempt %d, parallelism %d, %d key groups restored, started in %.1f s",
             self.job_id, self.agent_id, self.attempt, self.parallelism,
-            len(restored.key_groups) if restored else 0, self.start_seconds,
+            restored.key_group_count if restored else 0, self.start_seconds,
         )  # fmt: skip
 
     def _restored(self, restore: str) -> Restored | None:

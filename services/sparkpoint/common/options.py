@@ -112,6 +112,7 @@ OPTIONS_LIST: tuple[Option, ...] = (
     Option(C + "snapshot-compression", Kind.BOOLEAN, "false", "compress state snapshots", None, NOT_HERE + ": state files are Arrow IPC"),
     Option(C + "local-backup.enabled", Kind.BOOLEAN, "false", "a local copy of keyed state on the task manager's disk", None, NOT_HERE, aliases=("state.backend.local-recovery",)),
     Option(C + "local-backup.dirs", Kind.STRING, "(none)", "directories of local state copies", None, NOT_HERE, aliases=("taskmanager.state.local.root-dirs",)),
+    Option("state.changelog.periodic-materialize.interval", Kind.DURATION, "10 min", "how often a key group's runs of changes are folded into a new base (bounds the runs a checkpoint names and a restore reads)", "materialize_interval_ms", "agent: a sixteenth of a subtask's key groups per round at most"),
     Option(C + "file-merging.enabled", Kind.BOOLEAN, "false", "merge small checkpoint files into fewer files (FLIP-306)", None, NOT_HERE),
     Option(C + "file-merging.across-checkpoint-boundary", Kind.BOOLEAN, "false", "merged files shared across checkpoints", None, NOT_HERE),
     Option(C + "file-merging.max-file-size", Kind.MEMORY, "32 mb", "largest merged file", None, NOT_HERE),

@@ -99,6 +99,8 @@ class CheckpointConfig:
     unaligned_recover_output_on_downstream: bool = False
     unaligned_during_recovery: bool = False
     periodic_savepoint_interval_ms: int | None = None
+    materialize_interval_ms: int = 600_000
+    """``state.changelog.periodic-materialize.interval``: Flink's default."""
     periodic_savepoint_num_retained: int = 3
     """FLIP-10 bounds the periodic savepoints kept without naming a default; three covers the
     last few intervals without letting a forgotten job fill its savepoint directory."""
@@ -106,6 +108,11 @@ class CheckpointConfig:
     def validate(self) -> CheckpointConfig:
         """Returns self, or raises `ConfigError` naming the first invalid option."""
         positive = [("interval", self.interval_ms), ("timeout", self.timeout_ms)]
+        if self.materialize_interval_ms <= 0:
+            raise ConfigError(
+                "state.changelog.periodic-materialize.interval",
+                f"must be > 0, got {self.materialize_interval_ms}",
+            )
         for option, value in positive:
             if value is not None and value <= 0:
                 raise ConfigError(PREFIX + option, f"must be > 0, got {value}")

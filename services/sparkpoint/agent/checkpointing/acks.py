@@ -93,7 +93,7 @@ class Acknowledgements:
             self.decline(pending, subtask, reason, str(error))
             return
         handles = [
-            StateHandle(u.path, StateHandleKind.KEYED_STATE, u.size, u.group, u.group, u.shared)
+            StateHandle(u.path, StateHandleKind.KEYED_STATE, u.size, u.first, u.last, u.shared)
             for u, _ in copy.plan
         ]
         manifest = f"{pending.trigger.target_location}/sink-{copy.subtask}.json"

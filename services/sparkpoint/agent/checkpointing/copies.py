@@ -10,13 +10,8 @@ import posixpath
 from sparkpoint.agent.checkpointing.pending import Plan
 from sparkpoint.agent.recovery import channel_state
 from sparkpoint.agent.rounds.channels import Segment, SegmentFiles
-from sparkpoint.agent.state.backend import (
-    StateBackend,
-    copy_file,
-    delete_files,
-    link_or_copy_all,
-    write_file,
-)
+from sparkpoint.agent.state.backend import copy_file, delete_files, link_or_copy_all, write_file
+from sparkpoint.agent.state.books import StateBackend
 from sparkpoint.common.events import StateHandle
 from sparkpoint.common.keygroups import KeyGroupRange
 

@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from sparkpoint.agent.checkpointing.barriers import BarrierState, Snapshotted
-from sparkpoint.agent.state.backend import Upload
+from sparkpoint.agent.state.books import Upload
 from sparkpoint.common.events import StateHandle, TriggerCheckpoint
 
 

@@ -38,7 +38,8 @@ from sparkpoint.agent.rounds.channels import Channel, Partition, Segment, Segmen
 from sparkpoint.agent.sinks.ledger import EpochLedger
 from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
-from sparkpoint.agent.state.backend import StateBackend, write_file
+from sparkpoint.agent.state.backend import write_file
+from sparkpoint.agent.state.books import StateBackend
 from sparkpoint.common.events import (
     CheckpointFailureReason,
     NotifyCheckpointAborted,

@@ -18,6 +18,7 @@ from fsspec.core import url_to_fs
 
 from sparkpoint.agent.recovery.channel_state import ChannelStateFile, read_manifest
 from sparkpoint.agent.state.backend import job_dirs, read_file
+from sparkpoint.agent.state.books import StateFile, restored_file
 from sparkpoint.common.events import CheckpointStoreRecord, StateHandleKind
 from sparkpoint.common.metadata import BadMetadata, Handle, SnapshotMetadata
 from sparkpoint.common.storage import CHECKPOINT_DIR
@@ -34,13 +35,14 @@ class Restored:
     checkpoint_id: int
     external_path: str
     is_savepoint: bool
-    key_groups: dict[int, tuple[str, int]] = field(default_factory=dict)
-    """Key group -> (file, size)."""
+    state_files: dict[str, StateFile] = field(default_factory=dict)
+    """Keyed state: path -> what the file is (a base, a run of changes, or a key group's file
+    of the earlier format)."""
     positions: dict[tuple[str, int], int] = field(default_factory=dict)
     epochs: dict[int, list[str]] = field(default_factory=dict)
     """Sink epochs the snapshot staged, epoch -> staged output files, not yet known published."""
     shared: bool = False
-    """The key-group files are shared copies of this job's incremental checkpoints."""
+    """The keyed-state files are shared copies of this job's incremental checkpoints."""
     files: list[str] = field(default_factory=list)
     """Every file the snapshot references (what a CLAIM restore takes ownership of)."""
     end_of_input: bool = False
@@ -48,6 +50,11 @@ class Restored:
     job's final checkpoint. A job restored from it has nothing left to do."""
     channel_state: list[ChannelStateFile] = field(default_factory=list)
     """An unaligned checkpoint's in-flight records: processed before any new input."""
+
+    @property
+    def key_group_count(self) -> int:
+        """Key groups the keyed-state files cover."""
+        return len({g for f in self.state_files.values() for g in range(f.first, f.last + 1)})
 
 
 def _protocol_prefix(url: str) -> str:
@@ -98,8 +105,8 @@ def load(
     for subtask in metadata.subtasks:
         for handle in subtask.handles:
             all_shared &= take_handle(restored, subtask.subtask_id, handle, shared_prefix)
-    restored.shared = bool(restored.key_groups) and all_shared and not restored.is_savepoint
-    missing = missing_files({p for p, _ in restored.key_groups.values()})
+    restored.shared = bool(restored.state_files) and all_shared and not restored.is_savepoint
+    missing = missing_files(set(restored.state_files))
     missing += missing_files({f.path for f in restored.channel_state})
     if missing:
         raise NoCheckpoint(
@@ -142,8 +149,7 @@ def take_handle(restored: Restored, subtask_id: str, handle: Handle, shared_pref
     is not one of the job's shared incremental files."""
     if handle.kind is StateHandleKind.KEYED_STATE and handle.key_groups is not None:
         start, end = handle.key_groups
-        for group in range(start, end + 1):
-            restored.key_groups[group] = (handle.path, handle.size)
+        restored.state_files[handle.path] = restored_file(handle.path, handle.size, start, end)
         return handle.path.startswith(shared_prefix)
     if handle.kind is StateHandleKind.SOURCE_POSITIONS:
         positions, ended = source_snapshot(json.loads(read_file(handle.path)))

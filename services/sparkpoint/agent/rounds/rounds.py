@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ from sparkpoint.agent.sinks import Emit
 from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
 from sparkpoint.agent.spark.jobs import ROUNDS_POOL, SparkJobs
-from sparkpoint.agent.state.backend import StateBackend, Version, working_path
+from sparkpoint.agent.state.books import StateBackend
+from sparkpoint.agent.state.runs import SubtaskState
 from sparkpoint.common.kafka_config import Frozen
 from sparkpoint.common.keygroups import KeyGroupRange
 
@@ -127,6 +129,8 @@ class Rounds:
         self.processing: Future[list[ProcessResult]] | None = None
         """The stage-2 part of the round in flight, when it has one."""
         self.round: tuple[int, dict[int, list[Segment]]] | None = None
+        self.asked: dict[int, SubtaskState] = {}
+        """What the round in flight told each subtask's task of its state."""
         """The stage-2 part in flight: its version and the segments it took, per subtask."""
         self.fetches = 0
         self.rounds = 0
@@ -256,21 +260,20 @@ class Rounds:
             return []
         self.rounds += 1
         self.round = (self.rounds, taken)
-        return [self._process_task(i, taken[i], backend, emit, end_of_input) for i in work]
+        tasks = [self._process_task(i, taken[i], backend, emit, end_of_input) for i in work]
+        self.asked = {task.subtask: task.state for task in tasks}
+        return tasks
 
     def _process_task(
         self, subtask: int, segments: list[Segment], backend: StateBackend, emit: Emit | None,
         end_of_input: bool,
     ) -> ProcessTask:  # fmt: skip
         settings = self.settings
-        versions: dict[int, int | str] = {
-            g: v.version if v.owned else v.path
-            for g, v in backend.versions.items()
-            if g in settings.ranges[subtask]
-        }
+        seq = backend.seq(self.rounds)
+        state = backend.subtask_state(settings.ranges[subtask], seq, subtask, time.monotonic())
         return ProcessTask(
-            subtask, settings.channel_dir, [s.path for s in segments], versions,
-            settings.state_dir, self.rounds, output_file(settings.sink_dir, self.rounds, subtask),
+            subtask, settings.channel_dir, [s.path for s in segments], state,
+            backend.run_path(seq, subtask), output_file(settings.sink_dir, self.rounds, subtask),
             end_of_input, [s.key_groups for s in segments], settings.key, emit,
         )  # fmt: skip
 
@@ -293,11 +296,11 @@ class Rounds:
         self.processing = None
         self.round = None
         done = Processed()
+        now = time.monotonic()
         for result in processing.result():  # a failure of stage 2 fails the job here
-            for group, size in result.new_versions.items():
-                path = working_path(self.settings.state_dir, group, version)
-                backend.install(group, Version(path, size, version))
-                self.state_bytes_written += size
+            asked = self.asked[result.subtask]
+            backend.install(asked, result.written, backend.seq(version), now)
+            self.state_bytes_written += result.written.bytes
             segment_files.discard(channels[result.subtask].consumed(taken[result.subtask]))
             done.bytes_per_subtask[result.subtask] = sum(s.size for s in taken[result.subtask])
             if result.output_path is not None:

@@ -1,21 +1,8 @@
-"""The key-group state backend.
-
-The state of each key group is a sequence of immutable versions, one Arrow IPC file per version,
-written by stage 2 under the job's task-owned state directory (any fsspec URL). A file holds every
-declared state of the key group (value, list and map state, each as its own Arrow table).
-
-Ownership follows Flink's split between task-owned and shared state:
-
-- **working versions** (``<dir>/<job>/taskowned/state/...``) belong to the agent; it deletes a
-  version once a newer one replaced it and no snapshot still copies from it;
-- **checkpointed copies** (``<dir>/<job>/shared/...`` for incremental checkpoints, the
-  checkpoint's or savepoint's own directory otherwise) belong to the coordinator, which counts
-  references and deletes a copy when no retained checkpoint needs it any more.
-
-An incremental checkpoint copies only the key groups whose version changed since the last
-*completed* checkpoint and references the shared copies of the others (Flink's incremental
-RocksDB snapshots work the same way, at the level of SST files). A full checkpoint or a
-savepoint copies every key group into its own directory: self-contained and relocatable.
+"""State files: writing, reading, linking, copying and deleting whole immutable files on local
+disk or any fsspec file system (an object store's copies made by the store, its deletes in bulk),
+and the earlier format of a key group's state file (one file per key group and version, every
+declared state as its own Arrow table), which restores of older checkpoints still read. What the
+files hold now: state/changelog.py; which files a key group's state is: state/books.py.
 """
 
 from __future__ import annotations
@@ -25,11 +12,8 @@ import io
 import logging
 import os
 import posixpath
-import threading
 import uuid
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 
 import fsspec
 import numpy as np
@@ -343,143 +327,6 @@ def delete_files(paths: Iterable[str]) -> None:
             delete_file(path)
         except OSError as exc:
             log.warning("could not delete %s: %s", path, exc)
-
-
-def working_path(state_dir: str, group: int, version: int) -> str:
-    """A working state file: one per key group and round, under this agent run's directory
-    (runs never share it), so its name is derived, never sent."""
-    return f"{state_dir}/kg-{group:05d}/v{version:08d}.arrow"
-
-
-# --- the driver's view of every key group ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Version:
-    """One key group's current state file. ``owned``: a working version the agent may delete;
-    restored files (in a checkpoint or savepoint) are never deleted by the agent."""
-
-    path: str
-    size: int
-    version: int
-    owned: bool = True
-
-
-@dataclass(frozen=True)
-class Upload:
-    """A key group's state as a snapshot references it."""
-
-    group: int
-    path: str
-    size: int
-    shared: bool
-    new: bool
-    """Copied for this snapshot (false: a shared copy from an earlier checkpoint, reused)."""
-
-
-@dataclass
-class StateBackend:
-    """Which version of each key group is current, which checkpointed copy each version already
-    has, and which working files may go."""
-
-    state_dir: str
-    versions: dict[int, Version] = field(default_factory=dict)
-    confirmed: dict[int, tuple[int, str, int]] = field(default_factory=dict)
-    """Key group -> (version, shared copy, size) as of the last completed checkpoint."""
-    _proposed: dict[int, dict[int, tuple[int, str, int]]] = field(default_factory=dict)
-    _pins: Counter[str] = field(default_factory=Counter)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _garbage: list[str] = field(default_factory=list)
-
-    def install(self, group: int, version: Version) -> None:
-        """Stage 2 wrote a new version of ``group``; the old one becomes garbage unless pinned."""
-        with self._lock:
-            old = self.versions.get(group)
-            self.versions[group] = version
-            if old is not None and old.owned:
-                self._garbage.append(old.path)
-
-    def plan(
-        self,
-        checkpoint_id: int,
-        groups: Iterable[int],
-        incremental: bool,
-        target: str,
-        shared_dir: str,
-    ) -> list[tuple[Upload, str | None]]:
-        """What a snapshot of ``groups`` references, and for each new copy its source file (pinned
-        until `release` is called)."""
-        plan: list[tuple[Upload, str | None]] = []
-        proposed: dict[int, tuple[int, str, int]] = {}
-        with self._lock:
-            for group in sorted(groups):
-                version = self.versions.get(group)
-                if version is None:
-                    continue
-                confirmed = self.confirmed.get(group)
-                if incremental and confirmed is not None and confirmed[0] == version.version:
-                    plan.append((Upload(group, confirmed[1], confirmed[2], True, False), None))
-                    proposed[group] = confirmed
-                    continue
-                name = f"kg-{group:05d}-{uuid.uuid4().hex}.arrow"
-                path = f"{shared_dir}/{name}" if incremental else f"{target}/{name}"
-                plan.append((Upload(group, path, version.size, incremental, True), version.path))
-                self._pins[version.path] += 1
-                if incremental:
-                    proposed[group] = (version.version, path, version.size)
-            self._proposed.setdefault(checkpoint_id, {}).update(proposed)
-        return plan
-
-    def release(self, sources: Iterable[str | None]) -> None:
-        with self._lock:
-            for source in sources:
-                if source is not None:
-                    self._pins[source] -= 1
-                    if self._pins[source] <= 0:
-                        del self._pins[source]
-
-    def complete(self, checkpoint_id: int, is_savepoint: bool) -> None:
-        """Checkpoint ``checkpoint_id`` completed. Its shared copies become the base of later
-        incremental checkpoints: the latest completed checkpoint is never subsumed, so they stay.
-        After a full checkpoint there is no base (its copies go with its directory); a savepoint
-        changes nothing (it is never the base of a checkpoint)."""
-        with self._lock:
-            proposed = self._proposed.pop(checkpoint_id, {})
-            for old in [c for c in self._proposed if c < checkpoint_id]:
-                del self._proposed[old]
-            if not is_savepoint:
-                self.confirmed = dict(proposed)
-
-    def abort(self, checkpoint_id: int) -> None:
-        with self._lock:
-            self._proposed.pop(checkpoint_id, None)
-
-    def restore(self, files: Mapping[int, tuple[str, int]], shared: bool) -> None:
-        """Key group -> (file, size) from a checkpoint or savepoint. Shared copies of this job's
-        incremental checkpoints count as confirmed; anything else is copied again by the next
-        checkpoint (Flink's NO_CLAIM restore mode)."""
-        with self._lock:
-            self.versions.clear()
-            self.confirmed.clear()
-            self._proposed.clear()
-            for group, (path, size) in files.items():
-                self.versions[group] = Version(path, size, 0, owned=False)
-                if shared:
-                    self.confirmed[group] = (0, path, size)
-
-    @property
-    def has_garbage(self) -> bool:
-        """Whether replaced working files wait (a glance without the lock: `collect_garbage`
-        decides under it)."""
-        return bool(self._garbage)
-
-    def collect_garbage(self) -> list[str]:
-        """Working files no longer current and not pinned by a snapshot in progress: deleted."""
-        with self._lock:
-            free = [p for p in self._garbage if p not in self._pins]
-            self._garbage = [p for p in self._garbage if p in self._pins]
-        delete_files(free)
-        return free
 
 
 def job_dirs(checkpoint_dir: str, job_id: str) -> tuple[str, str]:

@@ -1,0 +1,377 @@
+"""The driver's books of keyed state: which files hold each key group's state, which of them a
+checkpoint already has copies of, when they are compacted, and which working files may go.
+
+A key group's state is a **chain** (state/changelog.py): a base (its whole state as of some round,
+or none) and the runs of changes written since, newest first. A round writes one change run per
+subtask, holding the key groups its records touched; the run joins the chain of each of them.
+Files are immutable and named by the round they hold changes up to (``seq``), which orders runs
+of different key groups, also across restores (a restored job's rounds continue after the
+newest ``seq`` it restored).
+
+Compaction, asked of a round's tasks (`StateBackend.compaction`):
+
+- a **merge**: once a subtask has `FAN_IN` runs of one level in a row (a round's run is level 0),
+  they become one run of the next level, so a lookup reads a few runs however many rounds changed
+  its keys. Merges are local, as RocksDB's compactions are under Flink's changelog backend: a
+  chain keeps two views, ``runs`` (what lookups read, merges in place of their parts) and
+  ``log`` (every round's run since the base, what a checkpoint names), so a checkpoint uploads
+  each change once;
+- a **materialization**: a key group whose base is older than the materialization interval
+  (Flink's ``state.changelog.periodic-materialize.interval``) gets a new base, and both views
+  end there. Key groups start at staggered points of the interval, so about the same share of
+  the state is folded every round.
+
+Ownership follows Flink's split between task-owned and shared state: working files belong to
+the agent, which deletes one once no chain names it and no snapshot copies from it; checkpointed
+copies belong to the coordinator, which counts references and deletes a copy when no retained
+checkpoint needs it. An incremental checkpoint copies the files written since the last
+*completed* checkpoint and references the copies it made before; a full checkpoint or a savepoint
+copies every file into its own directory.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Container, Iterable
+from dataclasses import dataclass, field
+
+from sparkpoint.agent.state.backend import delete_files
+from sparkpoint.agent.state.runs import SubtaskState, Written
+
+FAN_IN = 8
+"""Runs of one level that merge into one of the next."""
+MATERIALIZE_INTERVAL_S = 600.0
+"""Flink's default ``state.changelog.periodic-materialize.interval``."""
+MATERIALIZE_SHARE = 16
+"""A subtask materializes at most 1/16 of its key groups (at least one) per round."""
+RESTORED_RUNS = 4 * FAN_IN
+"""More runs than this (a restored log) merge into one in the next round."""
+GOLDEN = 0.6180339887498949
+
+
+@dataclass(frozen=True)
+class StateFile:
+    """One immutable file of keyed state: a base of one key group, a run of changes to the key
+    groups ``first..last`` (those it holds rows of), or a base in the earlier format
+    (``legacy``: one key group's whole state, from an older checkpoint)."""
+
+    path: str
+    size: int
+    seq: int
+    first: int
+    last: int
+    kind: str = "run"
+    level: int = 0
+    owned: bool = True
+    """A working file the agent may delete; restored files never are."""
+
+    def copy_name(self) -> str:
+        """The name of a checkpointed copy, from which a restore reads what the file is."""
+        tag = uuid.uuid4().hex
+        if self.kind == "run":
+            return f"run-{self.first:05d}-{self.last:05d}-{self.seq:012d}-l{self.level}-{tag}.arrow"
+        if self.kind == "base":
+            return f"base-{self.first:05d}-{self.seq:012d}-{tag}.arrow"
+        return f"kg-{self.first:05d}-{tag}.arrow"
+
+
+_COPY = re.compile(
+    r"^(?:run-(?P<first>\d+)-(?P<last>\d+)-(?P<seq>\d+)-l(?P<level>\d+)"
+    r"|base-(?P<group>\d+)-(?P<base_seq>\d+))-[0-9a-f]+\.arrow$"
+)
+
+
+def restored_file(path: str, size: int, first: int, last: int) -> StateFile:
+    """A state file a checkpoint names, as its name describes it; any other name is a key
+    group's file of the earlier format (``kg-<group>-<tag>.arrow``)."""
+    found = _COPY.match(posixpath.basename(path))
+    if found is None:
+        return StateFile(path, size, -1, first, last, "legacy", owned=False)
+    if found["group"] is not None:
+        return StateFile(path, size, int(found["base_seq"]), first, last, "base", owned=False)
+    return StateFile(
+        path, size, int(found["seq"]), first, last, "run", int(found["level"]), owned=False
+    )
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A key group's state: its base, and the runs written since, newest first, in two views.
+    ``runs`` is what lookups read: merged runs in place of their parts. ``log`` is what a
+    checkpoint names and a restore reads: every round's run since the base, as the round wrote
+    it (Flink's changelog: merges are local, so a checkpoint uploads a change once)."""
+
+    base: StateFile | None = None
+    runs: tuple[StateFile, ...] = ()
+    log: tuple[StateFile, ...] = ()
+
+    def files(self) -> list[StateFile]:
+        """What lookups read."""
+        return [*self.runs, *([self.base] if self.base is not None else [])]
+
+    def durable(self) -> list[StateFile]:
+        """What a checkpoint names."""
+        return [*self.log, *([self.base] if self.base is not None else [])]
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A state file as a snapshot references it."""
+
+    first: int
+    last: int
+    path: str
+    size: int
+    shared: bool
+    new: bool
+    """Copied for this snapshot (false: a copy an earlier checkpoint or subtask made, reused)."""
+
+
+@dataclass
+class StateBackend:
+    """Each key group's chain, the copies completed checkpoints made, and the working files
+    that may go."""
+
+    state_dir: str
+    chains: dict[int, Chain] = field(default_factory=dict)
+    seq_offset: int = 0
+    """Added to a round's number to make its ``seq``: past every restored file's."""
+    materialize_interval_s: float = MATERIALIZE_INTERVAL_S
+    confirmed: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Working file -> (its shared copy, size) as of the last completed checkpoint."""
+    materialized: dict[int, float] = field(default_factory=dict)
+    """Key group -> when its base was written or restored (monotonic seconds)."""
+    _proposed: dict[int, dict[str, tuple[str, int, bool]]] = field(default_factory=dict)
+    """Checkpoint -> working file -> (its copy, size, shared) made for it."""
+    _refs: Counter[str] = field(default_factory=Counter)
+    _pins: Counter[str] = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _garbage: list[str] = field(default_factory=list)
+
+    # --- what a round's task is told, and what it wrote -------------------------------------
+
+    def stagger(self, group: int) -> float:
+        """How far into the interval key group ``group`` starts: spread evenly, so that about
+        the same share of the state is materialized every round, not all of it at once."""
+        return self.materialize_interval_s * ((group * GOLDEN) % 1.0)
+
+    def seq(self, round_number: int) -> int:
+        return self.seq_offset + round_number
+
+    def run_path(self, seq: int, subtask: int) -> str:
+        return f"{self.state_dir}/runs/r{seq:012d}-s{subtask:04d}.arrow"
+
+    def subtask_state(
+        self, groups: Container[int], seq: int, subtask: int, now: float
+    ) -> SubtaskState:
+        """The key groups ``groups`` as a stage-2 task needs them, with the compaction this
+        round does (`compaction`)."""
+        with self._lock:
+            chains = {g: c for g, c in self.chains.items() if g in groups}
+        merge, materialize = self.compaction(chains, now)
+        merge_path = ""
+        if merge:
+            level = max(f.level for f in merge) + 1
+            merge_path = (
+                f"{self.state_dir}/runs/m{merge[0].seq:012d}-l{level}-s{subtask:04d}-"
+                f"{uuid.uuid4().hex[:8]}.arrow"
+            )
+        return SubtaskState(
+            chains={
+                g: (c.base.path if c.base else None, tuple(r.path for r in c.runs))
+                for g, c in chains.items()
+            },
+            seqs={r.path: r.seq for c in chains.values() for r in c.runs},
+            legacy=frozenset(
+                c.base.path for c in chains.values() if c.base and c.base.kind == "legacy"
+            ),
+            merge=tuple(f.path for f in merge),
+            merge_path=merge_path,
+            materialize=tuple(materialize),
+            base_paths={g: f"{self.state_dir}/kg-{g:05d}/b{seq:012d}.arrow" for g in materialize},
+        )
+
+    def compaction(self, chains: dict[int, Chain], now: float) -> tuple[list[StateFile], list[int]]:
+        """The runs to merge (the newest `FAN_IN` or more in a row of one level, among the
+        runs the subtask's chains name) and the key groups to materialize (those whose base is
+        older than the interval, oldest first, a share per round)."""
+        runs = sorted(
+            {r.path: r for c in chains.values() for r in c.runs}.values(), key=lambda r: -r.seq
+        )
+        if len(runs) > RESTORED_RUNS:  # a restore's log: merged at once, not FAN_IN at a time
+            return runs, []
+        merge: list[StateFile] = []
+        start = 0
+        for i in range(1, len(runs) + 1):
+            if i == len(runs) or runs[i].level != runs[start].level:
+                if i - start >= FAN_IN:
+                    merge = runs[start:i]
+                    break
+                start = i
+        due = sorted(
+            (self.materialized.get(g, 0.0), g)
+            for g, c in chains.items()
+            if c.runs and now - self.materialized.get(g, 0.0) >= self.materialize_interval_s
+        )
+        share = max(1, len(chains) // MATERIALIZE_SHARE)
+        return merge, [g for _, g in due[:share]]
+
+    def install(self, subtask_state: SubtaskState, written: Written, seq: int, now: float) -> None:
+        """What a round's task wrote joins the books: a merged run replaces the runs it holds in
+        every chain that named them, the round's run heads the chains of the key groups it
+        holds, and a new base ends its key group's chain."""
+        with self._lock:
+            if written.merged is not None:
+                path, size, groups = written.merged
+                merged_paths = set(subtask_state.merge)
+                old = [r for c in self.chains.values() for r in c.runs if r.path in merged_paths]
+                level = max((r.level for r in old), default=0) + 1
+                newest = max((r.seq for r in old), default=seq)
+                merged = StateFile(path, size, newest, min(groups), max(groups), "run", level)
+                for group in groups:
+                    chain = self.chains.get(group, Chain())
+                    kept = [r for r in chain.runs if r.path not in merged_paths]
+                    runs = sorted([*kept, merged], key=lambda r: -r.seq)
+                    self._replace(group, Chain(chain.base, tuple(runs), chain.log))
+            if written.run is not None:
+                path, size, groups = written.run
+                run = StateFile(path, size, seq, min(groups), max(groups))
+                for group in groups:
+                    chain = self.chains.get(group, Chain())
+                    self._replace(group, Chain(chain.base, (run, *chain.runs), (run, *chain.log)))
+                    if group not in self.materialized:  # a new key group's first run
+                        self.materialized[group] = now - self.stagger(group)
+            for group, size in written.bases.items():
+                path = subtask_state.base_paths[group]
+                self._replace(group, Chain(StateFile(path, size, seq, group, group, "base")))
+                self.materialized[group] = now
+
+    def _replace(self, group: int, chain: Chain) -> None:
+        """Under the lock: ``group``'s chain becomes ``chain``; files no chain names any more
+        become garbage (unless a snapshot still copies them: `collect_garbage`)."""
+        old = self.chains.get(group, Chain())
+        for f in {f.path: f for f in [*chain.files(), *chain.log]}.values():
+            if f.owned:
+                self._refs[f.path] += 1
+        for f in {f.path: f for f in [*old.files(), *old.log]}.values():
+            if f.owned:
+                self._refs[f.path] -= 1
+                if self._refs[f.path] <= 0:
+                    del self._refs[f.path]
+                    self._garbage.append(f.path)
+        self.chains[group] = chain
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def plan(
+        self,
+        checkpoint_id: int,
+        groups: Container[int],
+        incremental: bool,
+        target: str,
+        shared_dir: str,
+    ) -> list[tuple[Upload, str | None]]:
+        """What a snapshot of ``groups`` references, and for each new copy its source file
+        (pinned until `release` is called). A file several subtasks' key groups share is copied
+        once per checkpoint."""
+        plan: list[tuple[Upload, str | None]] = []
+        with self._lock:
+            proposed = self._proposed.setdefault(checkpoint_id, {})
+            files = {f.path: f for g, c in self.chains.items() if g in groups for f in c.durable()}
+            for path, f in sorted(files.items()):
+                made = proposed.get(path)
+                confirmed = self.confirmed.get(path) if incremental else None
+                if made is None and confirmed is not None:
+                    made = (*confirmed, True)
+                if made is not None:
+                    copy, size, shared = made
+                    plan.append((Upload(f.first, f.last, copy, size, shared, False), None))
+                    proposed[path] = made
+                    continue
+                copy = f"{shared_dir if incremental else target}/{f.copy_name()}"
+                plan.append((Upload(f.first, f.last, copy, f.size, incremental, True), path))
+                self._pins[path] += 1
+                proposed[path] = (copy, f.size, incremental)
+        return plan
+
+    def release(self, sources: Iterable[str | None]) -> None:
+        with self._lock:
+            for source in sources:
+                if source is not None:
+                    self._pins[source] -= 1
+                    if self._pins[source] <= 0:
+                        del self._pins[source]
+
+    def complete(self, checkpoint_id: int, is_savepoint: bool) -> None:
+        """Checkpoint ``checkpoint_id`` completed. Its shared copies become the base of later
+        incremental checkpoints: the latest completed checkpoint is never subsumed, so they
+        stay. After a full checkpoint there is no base (its copies go with its directory); a
+        savepoint changes nothing (it is never the base of a checkpoint)."""
+        with self._lock:
+            proposed = self._proposed.pop(checkpoint_id, {})
+            for old in [c for c in self._proposed if c < checkpoint_id]:
+                del self._proposed[old]
+            if not is_savepoint:
+                self.confirmed = {p: (c, s) for p, (c, s, shared) in proposed.items() if shared}
+
+    def abort(self, checkpoint_id: int) -> None:
+        with self._lock:
+            self._proposed.pop(checkpoint_id, None)
+
+    def restore(self, files: Iterable[StateFile], shared: bool, now: float | None = None) -> None:
+        """The state files of a checkpoint or savepoint become the chains. Shared copies of this
+        job's incremental checkpoints count as confirmed; anything else is copied again by the
+        next checkpoint (Flink's NO_CLAIM restore mode)."""
+        files = list(files)
+        when = time.monotonic() if now is None else now
+        with self._lock:
+            self.chains.clear()
+            self.confirmed.clear()
+            self._proposed.clear()
+            bases: dict[int, StateFile] = {}
+            for f in files:
+                if f.kind != "run":
+                    for group in range(f.first, f.last + 1):
+                        bases[group] = f
+            runs: dict[int, list[StateFile]] = {}
+            for f in files:
+                if f.kind == "run":
+                    for group in range(f.first, f.last + 1):
+                        base = bases.get(group)
+                        if base is None or f.seq > base.seq:
+                            runs.setdefault(group, []).append(f)
+            for group in set(bases) | set(runs):
+                chain_runs = tuple(sorted(runs.get(group, []), key=lambda r: -r.seq))
+                self.chains[group] = Chain(bases.get(group), chain_runs, chain_runs)
+                self.materialized[group] = when - self.stagger(group)
+            self.seq_offset = max((f.seq for f in files), default=-1) + 1
+            if shared:
+                self.confirmed = {f.path: (f.path, f.size) for f in files}
+
+    # --- garbage -------------------------------------------------------------------------------
+
+    @property
+    def has_garbage(self) -> bool:
+        """Whether replaced working files wait (a glance without the lock: `collect_garbage`
+        decides under it)."""
+        return bool(self._garbage)
+
+    def collect_garbage(self) -> list[str]:
+        """Working files no chain names and no snapshot in progress copies: deleted."""
+        with self._lock:
+            free = [p for p in self._garbage if p not in self._pins and p not in self._refs]
+            self._garbage = [p for p in self._garbage if p in self._pins and p not in self._refs]
+        delete_files(free)
+        return free
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the files the chains name (each once)."""
+        with self._lock:
+            files = {f.path: f.size for c in self.chains.values() for f in c.files()}
+        return sum(files.values())

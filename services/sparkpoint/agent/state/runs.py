@@ -1,0 +1,195 @@
+"""Stage 2's side of keyed state, inside a Spark task: the subtask's key groups as the driver's
+books describe them (`SubtaskState`: each key group's base and runs, by path), the files read
+through a per-worker cache, the round's keys looked up, the round's change run written, and the
+compaction the driver asked for (a merge of runs, key groups folded into new bases)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from sparkpoint.agent.job import StateDescriptor
+from sparkpoint.agent.state import changelog
+from sparkpoint.agent.state.backend import decode_state, local_path, read_files, write_file
+from sparkpoint.agent.state.changelog import Run
+
+CACHE_FILES = 1024
+"""Decoded files a Python worker keeps (Spark reuses workers). A local file is memory-mapped:
+its rows stay on disk (in the page cache) until a lookup takes them, so an entry costs little
+memory."""
+CACHE_BYTES = 256 << 20
+"""Bytes of files read whole (from an object store) a worker keeps at most."""
+
+
+@dataclass(frozen=True)
+class SubtaskState:
+    """What a stage-2 task is told of its subtask's state: only paths travel."""
+
+    chains: dict[int, tuple[str | None, tuple[str, ...]]]
+    """Key group -> its base (None: no base yet) and its runs, newest first."""
+    seqs: dict[str, int]
+    """Run path -> the round it holds changes up to: orders runs of several key groups."""
+    legacy: frozenset[str] = frozenset()
+    """Bases in the earlier format (one key group's whole state, from an older checkpoint)."""
+    merge: tuple[str, ...] = ()
+    """Runs to merge into one (``merge_path``), newest first."""
+    merge_path: str = ""
+    materialize: tuple[int, ...] = ()
+    """Key groups to fold into a new base after this round (at ``base_paths``)."""
+    base_paths: dict[int, str] = field(default_factory=dict)
+
+    def live(self) -> dict[str, set[int]]:
+        """Run path -> the key groups whose chains hold it."""
+        found: dict[str, set[int]] = {}
+        for group, (_, runs) in self.chains.items():
+            for path in runs:
+                found.setdefault(path, set()).add(group)
+        return found
+
+
+@dataclass(frozen=True)
+class Written:
+    """The files a task wrote for its subtask's state."""
+
+    run: tuple[str, int, tuple[int, ...]] | None = None
+    """The round's change run: path, bytes, the key groups it holds."""
+    merged: tuple[str, int, tuple[int, ...]] | None = None
+    bases: dict[int, int] = field(default_factory=dict)
+    """Key group -> bytes of its new base."""
+
+    @property
+    def bytes(self) -> int:
+        return (
+            (self.run[1] if self.run else 0)
+            + (self.merged[1] if self.merged else 0)
+            + sum(self.bases.values())
+        )
+
+
+_CACHE: OrderedDict[str, tuple[Run, int]] = OrderedDict()
+_CACHE_BYTES = 0
+
+
+def load(
+    paths: Mapping[str, int | None], declared: Mapping[str, StateDescriptor]
+) -> dict[str, Run]:
+    """Path -> its run; ``paths`` maps a legacy base's path to its key group (None: a run or a
+    base of this format). Files not in the worker's cache are read together (`read_files`)."""
+    found: dict[str, Run] = {}
+    missing: dict[str, int | None] = {}
+    for path, legacy_group in paths.items():
+        cached = _CACHE.get(path)
+        if cached is None:
+            missing[path] = legacy_group
+        else:
+            _CACHE.move_to_end(path)
+            found[path] = cached[0]
+    local = {p: g for p, g in missing.items() if local_path(p) is not None and g is None}
+    for path in local:
+        mapped = pa.memory_map(local_path(path) or path)
+        run = changelog.decode_run(mapped.read_buffer())
+        remember(path, run, 0)
+        found[path] = run
+    remote = [p for p in missing if p not in local]
+    for path, data in read_files(remote).items():
+        legacy_group = missing[path]
+        if legacy_group is None:
+            run = changelog.decode_run(data)
+        else:
+            run = changelog.from_legacy(decode_state(data, declared), legacy_group)
+        remember(path, run, len(data))
+        found[path] = run
+    return found
+
+
+def remember(path: str, run: Run, size: int) -> None:
+    global _CACHE_BYTES
+    _CACHE[path] = (run, size)
+    _CACHE_BYTES += size
+    while len(_CACHE) > CACHE_FILES or (_CACHE_BYTES > CACHE_BYTES and len(_CACHE) > 1):
+        _, (_, dropped) = _CACHE.popitem(last=False)
+        _CACHE_BYTES -= dropped
+
+
+def write(path: str, run: Run) -> int:
+    data = changelog.encode_run(run)
+    write_file(path, data)
+    # the run as written: later rounds in this worker find it without reading it back
+    remember(path, changelog.decode_run(data), 0 if local_path(path) is not None else len(data))
+    return len(data)
+
+
+class StateView:
+    """A subtask's state for one round: lookups through its runs and bases."""
+
+    def __init__(self, state: SubtaskState, declared: Mapping[str, StateDescriptor]):
+        self.state = state
+        self.declared = declared
+        self.live = state.live()
+        self._runs: dict[str, Run] = {}
+
+    def _load(self, groups: set[int]) -> tuple[list[tuple[Run, set[int]]], list[Run]]:
+        chains = {g: self.state.chains[g] for g in groups if g in self.state.chains}
+        wanted: dict[str, int | None] = {}
+        for group, (base, runs) in chains.items():
+            if base is not None:
+                wanted[base] = group if base in self.state.legacy else None
+            wanted.update(dict.fromkeys(runs))
+        missing = {p: g for p, g in wanted.items() if p not in self._runs}
+        self._runs.update(load(missing, self.declared))
+        run_paths = sorted(
+            {p for _, runs in chains.values() for p in runs}, key=lambda p: -self.state.seqs[p]
+        )
+        layers = [(self._runs[p], self.live[p]) for p in run_paths]
+        bases = [self._runs[b] for b, _ in chains.values() if b is not None]
+        return layers, bases
+
+    def lookup(self, keys: np.ndarray, groups: np.ndarray) -> dict[str, pd.Series]:
+        runs, bases = self._load({int(g) for g in np.unique(groups)})
+        return changelog.lookup(runs, bases, keys, groups, self.declared)
+
+    def everything(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every key the subtask has state for, and its key group."""
+        keys: list[np.ndarray] = []
+        groups: list[np.ndarray] = []
+        for group in sorted(self.state.chains):
+            base = self.folded(group)
+            for table in base.rows.values():
+                found = table.column("key").to_numpy(zero_copy_only=False)
+                keys.append(np.asarray(found, dtype=object))
+                groups.append(np.full(len(found), group, dtype=np.int64))
+        if not keys:
+            return np.array([], dtype=object), np.array([], dtype=np.int64)
+        all_keys = np.concatenate(keys)
+        _, first = np.unique(all_keys, return_index=True)
+        return all_keys[first], np.concatenate(groups)[first]
+
+    def folded(self, group: int, newest: Run | None = None) -> Run:
+        """Key group ``group``'s whole state as a base (``newest``: a run written after the
+        ones the books name)."""
+        runs, bases = self._load({group})
+        layers = ([newest] if newest is not None else []) + [
+            run for run, live in runs if group in live
+        ]
+        return changelog.materialize([*layers, *bases], group)
+
+    def compact(self, run: Run | None, seq_groups: tuple[int, ...]) -> Written:
+        """The merge and the bases the driver asked for, after this round's ``run``."""
+        state = self.state
+        merged = None
+        if state.merge:
+            self._load({g for p in state.merge for g in self.live[p]})
+            parts = [(self._runs[p], self.live[p]) for p in state.merge]
+            merged_run = changelog.merge_runs(parts)
+            size = write(state.merge_path, merged_run)
+            merged = (state.merge_path, size, tuple(sorted(merged_run.groups())))
+        bases: dict[int, int] = {}
+        for group in state.materialize:
+            newest = run if run is not None and group in seq_groups else None
+            bases[group] = write(state.base_paths[group], self.folded(group, newest))
+        return Written(None, merged, bases)
