@@ -25,7 +25,7 @@ from sparkpoint.agent.sinks import kafka as sink_kafka
 from sparkpoint.agent.sinks.kafka import KafkaSinkWriter, Publish
 from sparkpoint.common.events import JobStatus
 from tests import agent_jobs
-from tests.agent_jobs import AlwaysFailing, FailingOnce, build
+from tests.agent_jobs import AlwaysFailing, FailingOnce, Slow, build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_agent import (
     Output,
@@ -175,7 +175,9 @@ def test_an_epoch_still_being_published_is_named_by_the_next_checkpoint(
     manifests must still name the epoch (a restore from it publishes the epoch if the agent
     died before the commit ended; dropped from the manifest, the epoch would be lost)."""
     output = unique("stats")
-    job = build(unique("held"), topic, output, max_records=100)
+    # rounds of at least 0.3 s: the input lasts past a second checkpoint (reading it all before
+    # then, the job would end with its final checkpoint and no later one to look at)
+    job = replace(build(unique("held"), topic, output, max_records=100), function=Slow(300))
     agent = in_process(job, coordinator, spark)
     publish = agent.sink.publish_epoch
     held: list[int] = []

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -18,7 +19,8 @@ from sparkpoint.agent.job import KeyedState, StateDescriptor, ValueState
 from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN, from_ipc, to_ipc
 from sparkpoint.agent.rounds.process import ProcessTask, process_subtask
 from sparkpoint.agent.rounds.user_code import UserCodeRaised
-from sparkpoint.agent.state.books import StateBackend
+from sparkpoint.agent.state.backend import encode_state
+from sparkpoint.agent.state.books import StateBackend, restored_file
 from sparkpoint.agent.state.runs import StateView
 from sparkpoint.common.keygroups import KeyGroupRange, key_group, key_groups
 
@@ -109,3 +111,31 @@ def test_state_set_for_a_key_the_function_was_not_given_is_the_functions_error(
     events = [vars(e) for e in payments(100)]
     with pytest.raises(UserCodeRaised, match="nobody-sent-this"):
         rounds(tmp_path, StateOfAStranger(), [events])
+
+
+def test_a_key_groups_file_of_the_earlier_format_is_read_as_its_base(tmp_path: Path) -> None:
+    """A checkpoint taken before state was kept as runs holds one file per key group; restored,
+    each is that key group's base, and the next round continues from its state."""
+    events = [vars(e) for e in payments(400, accounts=20)]
+    account = events[0]["account"]
+    mine = [e for e in events if e["account"] == account]
+    group = key_group(account, MAX_PARALLELISM)
+    legacy = tmp_path / "shared" / f"kg-{group:05d}-0123abcd.arrow"
+    legacy.parent.mkdir()
+    total = pd.Series([1_000_000], index=pd.Index([account], name="key"), dtype="int64")
+    legacy.write_bytes(encode_state({"total": total}))
+    books = StateBackend(str(tmp_path / "state"), materialize_interval_s=1e9)
+    books.restore([restored_file(str(legacy), legacy.stat().st_size, group, group)], shared=True)
+    (tmp_path / "channel").mkdir()
+    seq = books.seq(1)
+    asked = books.subtask_state(EVERY_GROUP, seq, 0, 0.0)
+    task = ProcessTask(
+        0, str(tmp_path / "channel"), [segment(tmp_path / "channel", "seg-1", mine)], asked,
+        books.run_path(seq, 0), str(tmp_path / "out.arrow"), key="account",
+    )  # fmt: skip
+    books.install(asked, process_subtask(task, PaymentStats()).written, seq, 0.0)
+
+    view = StateView(books.subtask_state(EVERY_GROUP, seq + 1, 0, 0.0), PaymentStats.state)
+    found = view.lookup(np.array([account], dtype=object), np.array([group]))
+    positive_amounts = sum(int(e["amount"]) for e in mine if int(e["amount"]) > 0)
+    assert found["total"].to_dict() == {account: 1_000_000 + positive_amounts}

@@ -15,9 +15,9 @@ A job is ``source -> stage 1 -> keyed stage 2 -> sink`` (DESIGN.md section 4)::
 
 Stage 1 runs on every fetched batch as a pandas DataFrame. Stage 2 calls the keyed function once
 per subtask and round with the round's records (many keys; each key's in source order) and a
-`KeyedState` holding the state of their key groups, typed by the function's `state`
-declarations (value, list and map state); the state is kept per key group. Everything is
-columnar: a function never sees one record at a time.
+`KeyedState` holding the state of their keys, typed by the function's `state` declarations
+(value, list and map state); the state is kept per key group. Everything is columnar: a
+function never sees one record at a time.
 """
 
 from __future__ import annotations

@@ -49,6 +49,9 @@ MATERIALIZE_INTERVAL_S = 600.0
 """Flink's default ``state.changelog.periodic-materialize.interval``."""
 MATERIALIZE_SHARE = 16
 """A subtask materializes at most 1/16 of its key groups (at least one) per round."""
+MERGE_BYTES = 256 << 20
+"""A merge reads its runs whole: runs larger together stay apart (the lookups read one more
+file each) until their key groups are materialized."""
 RESTORED_RUNS = 4 * FAN_IN
 """More runs than this (a restored log) merge into one in the next round."""
 GOLDEN = 0.6180339887498949
@@ -204,12 +207,16 @@ class StateBackend:
             {r.path: r for c in chains.values() for r in c.runs}.values(), key=lambda r: -r.seq
         )
         if len(runs) > RESTORED_RUNS:  # a restore's log: merged at once, not FAN_IN at a time
-            return runs, []
+            total, end = 0, 0
+            while end < len(runs) and total + runs[end].size <= MERGE_BYTES:
+                total, end = total + runs[end].size, end + 1
+            if end >= 2:
+                return runs[:end], []
         merge: list[StateFile] = []
         start = 0
         for i in range(1, len(runs) + 1):
             if i == len(runs) or runs[i].level != runs[start].level:
-                if i - start >= FAN_IN:
+                if i - start >= FAN_IN and sum(r.size for r in runs[start:i]) <= MERGE_BYTES:
                     merge = runs[start:i]
                     break
                 start = i
