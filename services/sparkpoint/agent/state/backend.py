@@ -70,19 +70,25 @@ def decode_state(data: bytes, declared: Mapping[str, StateDescriptor]) -> dict[s
             log.warning("state %r is in the snapshot but not declared by the job; dropped", name)
             continue
         table = ipc.open_file(pa.BufferReader(payload)).read_all()
-        values = table.column("value").to_numpy(zero_copy_only=False)
-        keys = table.column("key").to_numpy(zero_copy_only=False)
-        if isinstance(descriptor, MapState):
-            user_keys = table.column("user_key").to_numpy(zero_copy_only=False)
-            index: pd.Index = map_index(keys, user_keys)
-        else:
-            index = pd.Index(keys, name="key")
-        series = pd.Series(values, index=index, name=name, copy=False)
-        frames[name] = series.astype(descriptor.dtype, copy=False)
+        frames[name] = table_series(name, table, descriptor)
     for name, descriptor in declared.items():
         if name not in frames:
             frames[name] = empty_series(descriptor)
     return frames
+
+
+def table_series(name: str, table: pa.Table, descriptor: StateDescriptor) -> pd.Series:
+    """A table of state rows (``key``, map state's ``user_key``, ``value``) as the state series
+    a function sees."""
+    keys = table.column("key").to_numpy(zero_copy_only=False)
+    values = table.column("value").to_numpy(zero_copy_only=False)
+    if isinstance(descriptor, MapState):
+        user_keys = table.column("user_key").to_numpy(zero_copy_only=False)
+        index: pd.Index = map_index(keys, user_keys)
+    else:
+        index = pd.Index(keys, name="key")
+    series = pd.Series(values, index=index, name=name, copy=False)
+    return series.astype(descriptor.dtype, copy=False)
 
 
 def map_index(keys: np.ndarray, user_keys: np.ndarray) -> pd.MultiIndex:

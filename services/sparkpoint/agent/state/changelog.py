@@ -30,8 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from sparkpoint.agent.job import MapState, StateDescriptor, empty_series
-from sparkpoint.agent.state.backend import map_index
+from sparkpoint.agent.job import StateDescriptor, empty_series
+from sparkpoint.agent.state.backend import table_series
 
 KH = "kh"
 """The sort column: key group << 48 | the key's hash's low 48 bits."""
@@ -164,15 +164,7 @@ def to_series(name: str, table: pa.Table | None, descriptor: StateDescriptor) ->
     """A run's table (or the rows taken from runs) as the state series a function sees."""
     if table is None or not table.num_rows:
         return empty_series(descriptor).rename(name)
-    keys = table.column("key").to_numpy(zero_copy_only=False)
-    values = table.column("value").to_numpy(zero_copy_only=False)
-    if isinstance(descriptor, MapState):
-        user_keys = table.column("user_key").to_numpy(zero_copy_only=False)
-        index: pd.Index = map_index(keys, user_keys)
-    else:
-        index = pd.Index(keys, name="key")
-    series = pd.Series(values, index=index, name=name, copy=False)
-    return series.astype(descriptor.dtype, copy=False)
+    return table_series(name, table, descriptor)
 
 
 # --- lookups ----------------------------------------------------------------------------------------
