@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 from sparkpoint.agent.example import PaymentStats, payments, positive, reference_output
-from sparkpoint.agent.job import KeyedState, StateDescriptor, ValueState
+from sparkpoint.agent.job import KeyedFunction, KeyedState, StateDescriptor, ValueState
 from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN, from_ipc, to_ipc
-from sparkpoint.agent.rounds.process import ProcessTask, process_subtask
+from sparkpoint.agent.rounds.process import ProcessTask, has_end_of_input_hook, process_subtask
 from sparkpoint.agent.rounds.user_code import UserCodeRaised
 from sparkpoint.agent.state.backend import encode_state
 from sparkpoint.agent.state.books import StateBackend, restored_file
@@ -139,3 +139,10 @@ def test_a_key_groups_file_of_the_earlier_format_is_read_as_its_base(tmp_path: P
     found = view.lookup(np.array([account], dtype=object), np.array([group]))
     positive_amounts = sum(int(e["amount"]) for e in mine if int(e["amount"]) > 0)
     assert found["total"].to_dict() == {account: 1_000_000 + positive_amounts}
+
+
+def test_only_a_function_with_an_end_of_input_hook_reads_all_its_state_at_the_end() -> None:
+    class NoHook(KeyedFunction):
+        pass
+
+    assert has_end_of_input_hook(PaymentStats()) and not has_end_of_input_hook(NoHook())

@@ -86,7 +86,10 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     keys = records[task.key].to_numpy(copy=True) if len(records) else np.array([], dtype=object)
     key_groups = groups.to_numpy().astype(np.int64)
     view = StateView(task.state, declared)
-    if task.end_of_input:
+    # a function without an end-of-input hook needs no other keys' state (reading all of it
+    # would hold the whole state in memory at once)
+    end_hook = task.end_of_input and has_end_of_input_hook(function)
+    if end_hook:
         every_key, every_group = view.everything()
         keys = np.concatenate([np.asarray(keys, dtype=object), every_key])
         key_groups = np.concatenate([key_groups, every_group])
@@ -95,7 +98,7 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     outputs: list[pd.DataFrame] = []
     if len(records):
         outputs.append(user_code(function.process, records, state))
-    if task.end_of_input and any(len(series) for series in state.frames().values()):
+    if end_hook and any(len(series) for series in state.frames().values()):
         outputs.append(user_code(function.on_end_of_input, state))
     run = round_changes(before, state, keys, key_groups)
     written = view.compact(run, tuple(sorted(run.groups())) if run is not None else ())
@@ -115,6 +118,10 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
         # checkpoint that counts the round's input as processed
         task.emit(pd.concat(emitted, ignore_index=True))
     return ProcessResult(task.subtask, written, output_path, rows)
+
+
+def has_end_of_input_hook(function: KeyedFunction) -> bool:
+    return type(function).on_end_of_input is not KeyedFunction.on_end_of_input
 
 
 def round_changes(
