@@ -1,10 +1,9 @@
 """Stage 2, inside Spark tasks: one subtask's keyed function over the records of its segments and
 the state of their keys, the round's change run and staged output. Takes and returns plain
-picklable values; the driver plans and keeps the books (rounds.py, state/backend.py)."""
+picklable values; the driver plans and keeps the books (rounds.py, state/books.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,12 +100,11 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     if end_hook and any(len(series) for series in state.frames().values()):
         outputs.append(user_code(function.on_end_of_input, state))
     run = round_changes(before, state, keys, key_groups)
-    written = view.compact(run, tuple(sorted(run.groups())) if run is not None else ())
+    written = Written()
     if run is not None:
-        size = write_run(task.run_path, run)
-        written = dataclasses.replace(
-            written, run=(task.run_path, size, tuple(sorted(run.groups())))
-        )
+        run_groups = tuple(sorted(run.groups()))
+        written = Written((task.run_path, write_run(task.run_path, run), run_groups))
+    written = view.compact(run, written)
     emitted = [out for out in outputs if out is not None and len(out)]
     rows = sum(len(out) for out in emitted)
     output_path = None
@@ -142,7 +140,7 @@ def round_changes(
                 "",
             )
         ) from None
-    return run if run.groups() else None
+    return run if any(t.num_rows for t in (run.replaced or {}).values()) else None
 
 
 def output_file(sink_dir: str, round_id: int, subtask: int) -> str:

@@ -236,7 +236,12 @@ class StateBackend:
             if written.merged is not None:
                 path, size, groups = written.merged
                 merged_paths = set(subtask_state.merge)
-                old = [r for c in self.chains.values() for r in c.runs if r.path in merged_paths]
+                old = {
+                    r.path: r
+                    for g in groups
+                    for r in self.chains.get(g, Chain()).runs
+                    if r.path in merged_paths
+                }.values()
                 level = max((r.level for r in old), default=0) + 1
                 newest = max((r.seq for r in old), default=seq)
                 merged = StateFile(path, size, newest, min(groups), max(groups), "run", level)

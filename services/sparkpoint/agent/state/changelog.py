@@ -193,14 +193,14 @@ def _take(table: pa.Table, wanted: np.ndarray, keys: pa.Array) -> pa.Table:
 
 
 def lookup(
-    changes: Sequence[tuple[Run, Collection[int] | None]],
+    layers: Sequence[tuple[Run, Collection[int] | None]],
     bases: Sequence[Run],
     keys: np.ndarray,
     groups: np.ndarray,
     declared: Mapping[str, StateDescriptor],
 ) -> dict[str, pd.Series]:
     """The state of ``keys`` (their key groups: ``groups``), one series per declared state:
-    each key's rows from the newest of ``changes`` (newest first, each with the key groups it
+    each key's rows from the newest of ``layers``, change runs (newest first, each with the key groups it
     is still live for, None: all) that replaced it, else from ``bases`` (key groups' bases:
     their ``kh`` ranges are disjoint)."""
     unique_keys, first = np.unique(np.asarray(keys, dtype=object), return_index=True)
@@ -213,7 +213,7 @@ def lookup(
     for name, descriptor in declared.items():
         pending = np.ones(len(unique_keys), dtype=bool)
         parts: list[pa.Table] = []
-        for run, live in changes:
+        for run, live in layers:
             replaced = (run.replaced or {}).get(name)
             if replaced is None or not replaced.num_rows:
                 continue

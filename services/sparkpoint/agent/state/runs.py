@@ -119,8 +119,9 @@ def remember(path: str, run: Run, size: int) -> None:
 def write(path: str, run: Run) -> int:
     data = changelog.encode_run(run)
     write_file(path, data)
-    # the run as written: later rounds in this worker find it without reading it back
-    remember(path, changelog.decode_run(data), 0 if local_path(path) is not None else len(data))
+    # the run as written: later rounds in this worker find it without reading it back (it is in
+    # this process's memory, so it counts toward the budget wherever the file lies)
+    remember(path, run, len(data))
     return len(data)
 
 
@@ -178,8 +179,9 @@ class StateView:
         ]
         return changelog.materialize([*layers, *bases], group)
 
-    def compact(self, run: Run | None, seq_groups: tuple[int, ...]) -> Written:
-        """The merge and the bases the driver asked for, after this round's ``run``."""
+    def compact(self, run: Run | None, written: Written) -> Written:
+        """``written`` (the round's ``run``, written) with the merge and the bases the driver
+        asked for."""
         state = self.state
         merged = None
         if state.merge:
@@ -188,8 +190,9 @@ class StateView:
             merged_run = changelog.merge_runs(parts)
             size = write(state.merge_path, merged_run)
             merged = (state.merge_path, size, tuple(sorted(merged_run.groups())))
+        run_groups = written.run[2] if written.run is not None else ()
         bases: dict[int, int] = {}
         for group in state.materialize:
-            newest = run if run is not None and group in seq_groups else None
+            newest = run if group in run_groups else None
             bases[group] = write(state.base_paths[group], self.folded(group, newest))
-        return Written(None, merged, bases)
+        return Written(written.run, merged, bases)
