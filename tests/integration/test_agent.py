@@ -49,7 +49,7 @@ from sparkpoint.common.kafka import (
     true_end_offset,
 )
 from sparkpoint.common.topics import CHECKPOINT_EVENTS, CONTROL, SINK_MARKERS
-from tests.agent_jobs import build
+from tests.agent_jobs import Slow, build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_formats import STAT, V1, V2, confluent, reference_read, reference_schema
 from tests.running_coordinator import Running, coordinator_in_thread, wait
@@ -476,7 +476,10 @@ def test_a_savepoint_then_stop_with_savepoint_moved_elsewhere_restores_with_para
     coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
 ) -> None:
     output = unique("stats")
-    job = build(unique("savepoints"), payments_topic, output, max_records=100)
+    # rounds of at least 0.3 s: the stop (after three checkpoints) lands before the input ends
+    job = replace(
+        build(unique("savepoints"), payments_topic, output, max_records=100), function=Slow(300)
+    )
     target = str(coordinator.root / "savepoints")
     requests: dict[str, str] = {}
     client = coordinator.client()
