@@ -241,7 +241,8 @@ def take_savepoint_and_stop(
     coordinator: Running, spark: Any, topic: str, output: str, name: str, **options: Any
 ) -> tuple[Agent, str]:
     """Runs a job until its second completed checkpoint, then stops it with a savepoint."""
-    job = build(name, topic, output, max_records=60, **options)
+    # rounds of at least 0.3 s: the stop lands before the input ends
+    job = replace(build(name, topic, output, max_records=60, **options), function=Slow(300))
     stopped: list[str] = []
     client = coordinator.client()
 
