@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from sparkpoint.agent.example import Payment, ensure_topic, payments, reference_output
+from sparkpoint.agent.job import KafkaSource
 from sparkpoint.agent.rounds.fetch import FetchTask, read_ranges
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
 from sparkpoint.common.events import JobStatus
@@ -158,6 +160,43 @@ def test_a_planned_end_reaches_the_whole_batch_the_broker_counts_short(
     assert read.offsets == list(range(500)) and read.next_offset == 500
 
 
+def test_a_read_resuming_past_a_short_watermark_takes_the_rest_and_says_more_may_follow(
+    kafka: KafkaUnderTest,
+) -> None:
+    """One batch of 1,000 records, read 500 at a time: on the embedded broker the high
+    watermark is 1, so the second read starts past it, where the broker reports the end of the
+    partition at offset 1. That stale report does not end the read (it ended it with nothing
+    read, and the driver, seeing the watermark behind the position, never read the partition
+    again: the drain test's hang). A read that took records beyond its planned end, or without
+    one, says more may follow, so the driver reads on until a read finds nothing."""
+    topic = new_topic(kafka.bootstrap, partitions=1)
+    producer = Producer(producer_config(kafka.bootstrap) | {"linger.ms": 200})
+    for payment in payments(1000):
+        producer.produce(topic, payment.to_json(), payment.account.encode(), partition=0)
+    assert producer.flush(30) == 0
+    until = high_watermark(kafka.bootstrap, topic, 0)
+    half = {"max_records": 500, "max_duration_s": 30}
+    (first,) = read_ranges([replace(task(kafka.bootstrap, topic, 0, 0, until=until), **half)])
+    assert first.offsets == list(range(500)) and first.early
+    (rest,) = read_ranges([replace(task(kafka.bootstrap, topic, 0, 500), **half)])
+    assert rest.offsets == list(range(500, 1000)) and rest.next_offset == 1000
+    assert rest.more_may_follow, "read on: the end of the partition is unknown"
+    (nothing,) = read_ranges([task(kafka.bootstrap, topic, 0, 1000)])
+    assert not nothing.offsets and not nothing.more_may_follow
+
+    # the driver's side: half read, and a read that found nothing (too slow a first fetch on a
+    # loaded machine, say) must not leave the rest unread while the watermark stays behind
+    reader = KafkaSourceReader(KafkaSource([topic]), kafka.bootstrap, parallelism=1)
+    try:
+        reader.start({(topic, 0): 500})
+        planned = reader.plan()
+        assert planned[(topic, 0)].until == 1000, "planned to the partition's true end"
+        reader.positions[(topic, 0)] = 1000
+        assert reader.plan() == {}, "then read to its end"
+    finally:
+        reader.close()
+
+
 def test_a_read_stops_at_its_time_bound_says_more_may_follow_and_the_next_goes_on(
     kafka: KafkaUnderTest,
 ) -> None:
@@ -227,8 +266,6 @@ def test_max_offsets_per_trigger_bounds_a_round_over_every_partition(kafka: Kafk
     for payment in payments(2_000):
         producer.produce(topic, payment.to_json(), partition=payment.id % 4)
     assert producer.flush(30) == 0
-    from sparkpoint.agent.job import KafkaSource
-
     reader = KafkaSourceReader(
         KafkaSource([topic], max_offsets_per_trigger=400), kafka.bootstrap, parallelism=2
     )

@@ -117,6 +117,17 @@ class PartitionRead:
         """Open with no planned end: it reads what is there."""
         return not self.closed and self.task.until is None
 
+    @property
+    def more_may_follow(self) -> bool:
+        """Whether the partition may hold more records now, whatever the broker's high watermark
+        says: the read stopped early, or it took records past its planned end or without one
+        (a high watermark behind them is stale: the embedded broker's counts only the last
+        batch's base offset). The driver reads it again until a read finds nothing."""
+        if self.early:
+            return True
+        until = self.task.until
+        return self.next_offset > until if until is not None else bool(self.offsets)
+
     def take(self, offset: int, value: bytes | None, key: bytes | None) -> None:
         end = self.task.end
         if self.closed or offset < self.next_offset or (end is not None and offset >= end):
@@ -235,7 +246,7 @@ def partition(
     if read is not None:
         bytes_read = sum(len(v) for v in read.values)
         frame, malformed = task.value_format.decode(read.values, read.keys, read.offsets)
-        records, next_offset, early = len(read.values), read.next_offset, read.early
+        records, next_offset, early = len(read.values), read.next_offset, read.more_may_follow
     else:
         frame, next_offset = read_file_rows(task)
         records = len(frame)

@@ -33,6 +33,10 @@ class KafkaSourceReader(EndsEarly):
     highs: dict[Partition, int] = field(default_factory=dict)
     """Each partition's high watermark when the last round was planned (a bounded source's
     end)."""
+    tails: dict[Partition, tuple[int, int]] = field(default_factory=dict)
+    """A high watermark found behind a partition's position, and the partition's true end then
+    (`true_end_offset`): a broker that counts the last batch's base offset (the embedded one)
+    reports the same watermark until another batch arrives, and the end is the same too."""
 
     def __post_init__(self) -> None:
         self.consumer = Consumer(
@@ -96,6 +100,8 @@ class KafkaSourceReader(EndsEarly):
             _, high = self.consumer.get_watermark_offsets(
                 TopicPartition(*partition), timeout=10, cached=False
             )
+            if high < position:  # never on Apache Kafka: the watermark counts a batch's base
+                high = self._true_end(partition, high)
             self.highs[partition] = high
             if high > position:
                 backlog[partition] = high - position
@@ -109,6 +115,17 @@ class KafkaSourceReader(EndsEarly):
             )
             for partition, lag in backlog.items()
         }
+
+    def _true_end(self, partition: Partition, high: int) -> int:
+        """The end of a partition whose high watermark lies behind the position: records past
+        the position may still be there (a round that stopped at its limit inside the last
+        batch; without this, a read that found nothing left it unread for good, as long as no
+        batch arrived: the drain test's hang). Looked up once per watermark."""
+        seen = self.tails.get(partition)
+        if seen is None or seen[0] != high:
+            seen = (high, true_end_offset(self.consumer, *partition))
+            self.tails[partition] = seen
+        return seen[1]
 
     def finished(self) -> bool:
         return bool(self.ends) and all(self.positions[p] >= e for p, e in self.ends.items())
