@@ -188,7 +188,10 @@ def agent_process(
     crash_at: str | None = None,
     sink: str = "kafka",
     max_records: int = 150,
+    slow_ms: int = 0,
 ) -> subprocess.CompletedProcess[str]:
+    """``slow_ms``: the keyed function sleeps that long per round (tests/agent_jobs.py's
+    `Slow`), so the input takes rounds enough for a fault to land before it ends."""
     env = dict(os.environ)
     env |= {
         "TEST_JOB_NAME": name,
@@ -201,6 +204,8 @@ def agent_process(
     env.pop("SPARKPOINT_CRASH_AT", None)
     if crash_at:
         env["SPARKPOINT_CRASH_AT"] = crash_at
+    if slow_ms:  # else as the caller's environment says (test_agent_unaligned sets it there)
+        env["TEST_SLOW_MS"] = str(slow_ms)
     command = [
         sys.executable, "-m", "sparkpoint.cli", "-v", "agent", "tests/agent_jobs.py:job",
         "--bootstrap", coordinator.bootstrap, "--master", "local[2]",
@@ -391,7 +396,10 @@ def test_restores_with_parallelism_2_then_4_then_1_commit_exactly_the_reference(
     marker carries its transaction's token, as a real Kafka hides it."""
     name, output = unique("rescaled"), unique("stats")
 
-    first = agent_process(coordinator, name, payments_topic, output, crash_at="mid-publish:2")
+    # rounds of at least 0.3 s: the first agent dies in epoch 2 with input left to read
+    first = agent_process(
+        coordinator, name, payments_topic, output, crash_at="mid-publish:2", slow_ms=300
+    )
     assert killed(first), first.stderr[-3000:]
     second = agent_process(
         coordinator, name, payments_topic, output, "--restore", "latest", "--parallelism", "4",
@@ -476,6 +484,9 @@ def test_a_file_source_is_read_to_its_end_and_the_job_finishes(
 def test_a_savepoint_then_stop_with_savepoint_moved_elsewhere_restores_with_parallelism_3(
     coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
 ) -> None:
+    """The first savepoint is NATIVE (the backend's change runs, copied as they are), the
+    stop's CANONICAL (Flink's default: every key group folded into one base); the canonical
+    one, moved, restores with parallelism 3."""
     output = unique("stats")
     # rounds of at least 0.3 s: the stop (after three checkpoints) lands before the input ends
     job = replace(
@@ -486,8 +497,9 @@ def test_a_savepoint_then_stop_with_savepoint_moved_elsewhere_restores_with_para
     client = coordinator.client()
 
     def operate(agent: Agent) -> None:
-        if "savepoint" not in requests and agent.completed_checkpoints:
-            body = {"target-directory": target, "cancel-job": False}
+        # once a round has processed records: the savepoint has keyed state
+        if "savepoint" not in requests and agent.completed_checkpoints and agent.staged_outputs():
+            body = {"target-directory": target, "cancel-job": False, "formatType": "NATIVE"}
             answer = client.post(f"/jobs/{job.id}/savepoints", json=body).json()
             requests["savepoint"] = answer["request-id"]
         elif (
@@ -510,12 +522,24 @@ def test_a_savepoint_then_stop_with_savepoint_moved_elsewhere_restores_with_para
         return str(answer["operation"]["location"])
 
     first, stopped = location(requests["savepoint"]), location(requests["stop"])
+    keyed: dict[str, list[tuple[str, list[int]]]] = {}
     for savepoint in (first, stopped):
         metadata = json.loads((Path(savepoint) / "_metadata").read_text())
-        paths = [h["path"] for s in metadata["subtasks"] for h in s["state_handles"]]
+        handles = [h for s in metadata["subtasks"] for h in s["state_handles"]]
+        paths = [h["path"] for h in handles]
         # self-contained: every file inside, named relative to the savepoint's directory
         assert paths and all(not p.startswith("/") and "://" not in p for p in paths), paths
         assert all((Path(savepoint) / p).is_file() for p in paths)
+        keyed[savepoint] = [
+            (Path(h["path"]).name, h["key_groups"]) for h in handles if h["kind"] == "KEYED_STATE"
+        ]
+    # native: the rounds' change runs (no key group was materialized within the job's seconds)
+    assert keyed[first] and all(name.startswith("run-") for name, _ in keyed[first])
+    # canonical: one base per key group with state, each naming that key group alone
+    canonical = keyed[stopped]
+    assert canonical and all(name.startswith("base-") and a == b for name, (a, b) in canonical)
+    groups = [a for _, (a, _) in canonical]
+    assert len(groups) == len(set(groups))
     listed = client.get(f"/jobs/{job.id}/savepoints").json()
     assert {first, stopped} <= {s["location"] for s in listed["savepoints"]}
 
