@@ -25,6 +25,19 @@ MOTO_SERVER = str(Path(sys.executable).parent / "moto_server")
 class S3Server:
     process: subprocess.Popen[bytes]
     endpoint: str
+    log: Path | None = None
+    """The server's log: a line per request."""
+
+    def gets(self, fragment: str, since: int = 0) -> int:
+        """GET requests of keys containing ``fragment`` in the log from byte ``since`` on."""
+        assert self.log is not None, "started without a log"
+        with open(self.log, "rb") as source:
+            source.seek(since)
+            lines = source.read().decode(errors="replace").splitlines()
+        return sum(1 for line in lines if "GET /" in line and fragment in line)
+
+    def log_size(self) -> int:
+        return self.log.stat().st_size if self.log is not None else 0
 
     def environment(self) -> dict[str, str]:
         return {
@@ -60,7 +73,7 @@ def start_s3_server(log: Path | None = None) -> S3Server:
     while time.monotonic() < deadline:
         try:
             httpx.get(endpoint, timeout=1)
-            return S3Server(process, endpoint)
+            return S3Server(process, endpoint, log)
         except httpx.HTTPError:
             if process.poll() is not None:
                 break

@@ -1,6 +1,7 @@
 """Beyond one machine: checkpoints, savepoints, state, channel segments and the file sink on
-S3-compatible storage (moto's server, through s3fs), and the agent on a Spark standalone cluster
-started from the pyspark package, a worker killed mid-run. The committed output is compared with
+S3-compatible storage (moto's server, through s3fs), keyed state kept on local disk as its files
+go to the store (read once per machine, local recovery), and the agent on a Spark standalone
+cluster started from the pyspark package, a worker killed mid-run. The committed output is compared with
 the plain-Python reference each time."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,16 +18,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import s3fs
 
 from sparkpoint.agent.example import generate, payments, reference_output
+from sparkpoint.agent.job import ValueState
 from sparkpoint.agent.runtime import Agent, AgentOptions
 from sparkpoint.agent.spark.standalone import StandaloneCluster
+from sparkpoint.agent.state import local, runs
+from sparkpoint.agent.state.backend import read_file
+from sparkpoint.agent.state.changelog import Run, changes
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.storage import PathOutsideRoots, Storage
+from tests.agent_jobs import FAST_CHECKPOINTS as FAST
 from tests.agent_jobs import build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_agent import Output, difference, killed, read_output
@@ -454,3 +463,120 @@ def test_savepoints_on_s3_are_self_contained_and_restore_with_another_parallelis
     client.close()
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
+
+
+def test_local_recovery_reads_restored_state_from_this_machines_disk_and_not_after_a_move(
+    coordinator: Running, s3: S3Server, bucket: str, payments_topic: str,
+    expected: list[Output], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Local backup on, state on S3: an agent on "machine A" (a local directory) is killed; the
+    restart on "machine B" finds no local copies, reads every restored file from S3 and is
+    killed in turn; the restart on B again restores from B's disk: no restored state file is
+    read from S3. The output is exact."""
+    name, output = f"local-{uuid.uuid4().hex[:8]}", f"stats-{uuid.uuid4().hex[:8]}"
+
+    def run(machine: str, *args: str, crash_at: str | None = None) -> tuple[str, int]:
+        settings = {
+            **FAST, "execution.checkpointing.local-backup.enabled": "true",
+            "execution.checkpointing.local-backup.dirs": str(tmp_path / machine),
+            "execution.state-recovery.from-local": "true",
+        }  # fmt: skip
+        monkeypatch.setenv("TEST_SETTINGS", json.dumps(settings))
+        since = s3.log_size()
+        done = finished(agent(coordinator, bucket, name, payments_topic, output, *args,
+                              crash_at=crash_at))  # fmt: skip
+        ok = killed(done) if crash_at else done.returncode == 0
+        assert ok, done.stderr[-3000:]
+        return done.stderr, s3.gets(f"/checkpoints/{name}/shared/", since)
+
+    run("a", crash_at="mid-batch-after-complete:2")
+    on_b, read_on_b = run("b", "--restore", "latest", crash_at="mid-batch-after-complete:2")
+    restored = re.search(r"local recovery: 0 of (\d+) restored state files", on_b)
+    assert restored and int(restored[1]) > 0, on_b[-3000:]
+    assert read_on_b >= int(restored[1]), "moved: every restored file read from S3"
+    again, read_again = run("b", "--restore", "latest")
+    recovered = re.search(r"local recovery: (\d+) of (\d+) restored state files", again)
+    assert recovered and recovered[1] == recovered[2] != "0", again[-3000:]
+    assert read_again == 0, "restored from this machine's disk"
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+
+
+# --- keyed state on local disk, its files on the store ---------------------------------------
+
+
+STATE = {"total": ValueState("float64")}
+
+
+def a_run(keys: int, offset: float = 0.0) -> Run:
+    names = np.array([f"user-{i}" for i in range(keys)], dtype=object)
+    groups = np.arange(keys, dtype=np.int64) % 8
+    after = {"total": pd.Series(np.arange(keys, dtype="float64") + offset, index=names)}
+    return changes({"total": pd.Series([], dtype="float64")}, after, STATE, names, groups)
+
+
+@pytest.fixture
+def empty_worker_cache() -> Iterator[None]:
+    runs._CACHE.clear()
+    runs._CACHE_BYTES = 0
+    yield
+    runs._CACHE.clear()
+    runs._CACHE_BYTES = 0
+
+
+def test_a_file_on_the_store_is_read_once_per_machine_then_mapped_from_local_disk(
+    bucket: str, tmp_path: Path, empty_worker_cache: None
+) -> None:
+    local_dir = str(tmp_path / "local" / "job")
+    path = f"{bucket}/local-state/r000000000001-s0000.arrow"
+    size = runs.write(path, a_run(1000), local_dir)
+    assert read_file(path) and os.path.getsize(local.cached(local_dir, path)) == size
+    assert runs.cache_bytes() == 0, "mapped from local disk: no bytes held in memory"
+
+    runs._CACHE.clear()  # another worker on this machine
+    before = list(runs.DOWNLOADED)
+    found = runs.load({path: None}, STATE, local_dir)
+    assert before == runs.DOWNLOADED, "read from the local copy, not the store"
+    assert found[path].rows["total"].num_rows == 1000
+
+    runs._CACHE.clear()  # another machine: nothing local, read from the store and kept
+    elsewhere = str(tmp_path / "elsewhere" / "job")
+    runs.load({path: None}, STATE, elsewhere)
+    assert runs.DOWNLOADED[0] == before[0] + 1 and os.path.exists(local.cached(elsewhere, path))
+
+
+def test_a_checkpoint_copy_is_a_local_link_until_forgotten_and_a_restore_keeps_only_its_own(
+    tmp_path: Path,
+) -> None:
+    local_dir = str(tmp_path / "job")
+    working, copy = "s3://b/taskowned/a/state/r1.arrow", "s3://b/shared/run-1.arrow"
+    assert not local.link(local_dir, working, copy), "no local copy of the working file"
+    origin = Path(local.cached(local_dir, working))
+    origin.parent.mkdir(parents=True)
+    origin.write_bytes(b"run")
+    assert local.link(local_dir, working, copy) and local.link(local_dir, working, copy)
+    alias = Path(local.cached(local_dir, copy))
+    assert alias.read_bytes() == b"run" and alias.stat().st_ino == origin.stat().st_ino
+
+    assert local.keep_only(local_dir, [copy, "s3://b/shared/never-kept.arrow"]) == 1
+    assert alias.exists() and not origin.exists()
+    local.forget(local_dir, [copy])
+    assert not alias.exists()
+    assert local.job_local_dir("/a, /b", "job/1") == "/a/job_1"
+
+
+def test_the_workers_memory_holds_at_most_its_budget_of_files_read_whole(
+    bucket: str, empty_worker_cache: None
+) -> None:
+    paths = [f"{bucket}/local-state/r{i:012d}-s0000.arrow" for i in range(6)]
+    sizes = [runs.write(p, a_run(2000, offset=i)) for i, p in enumerate(paths)]
+    budget = 2 * max(sizes) + 1
+    runs._CACHE.clear()
+    runs._CACHE_BYTES = 0
+    for path in paths:  # no local directory: each file is held in memory
+        found = runs.load({path: None}, STATE, None, budget)
+        assert found[path].rows["total"].num_rows == 2000
+        assert runs.cache_bytes() <= budget
+    assert list(runs._CACHE) == paths[-2:], "the oldest went first"
+    runs.remember("huge", next(iter(runs._CACHE.values()))[0], budget + 1, budget)
+    assert runs.cache_bytes() <= budget and "huge" not in runs._CACHE

@@ -6,7 +6,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
-from sparkpoint.agent.checkpointing.pending import Copy, split_done
+from sparkpoint.agent.checkpointing.pending import Copied, Copy, split_done
 
 
 class FinishesWhileLookedAt(Future[Any]):
@@ -23,9 +23,9 @@ class FinishesWhileLookedAt(Future[Any]):
 
 def test_a_copy_finishing_meanwhile_stays_to_be_answered() -> None:
     finished: Future[Any] = Future()
-    finished.set_result(([], 0))
-    racing = Copy(1, FinishesWhileLookedAt(), [], 0, 0.0)
-    done, running = split_done([Copy(0, finished, [], 0, 0.0), racing])
+    finished.set_result(Copied([]))
+    racing = Copy(1, FinishesWhileLookedAt(), 0, 0.0)
+    done, running = split_done([Copy(0, finished, 0, 0.0), racing])
     assert [c.subtask for c in done] == [0]
     assert running == [racing], "kept, to be answered on the next call"
     done, running = split_done(running)

@@ -50,7 +50,7 @@ def test_every_option_of_flink_2x_is_in_the_table() -> None:
 def test_options_without_effect_here_are_listed() -> None:
     listed = without_effect(flink_configuration())
     assert "execution.checkpointing.file-merging.enabled" in listed
-    assert "execution.checkpointing.local-backup.enabled" in listed
+    assert "execution.checkpointing.local-backup.enabled" not in listed  # local recovery
     assert "execution.checkpointing.interval" not in listed
     assert all(not OPTIONS[key].takes_effect for key in listed)
 
@@ -119,3 +119,18 @@ def test_docs_show_the_option_table_as_the_code_has_it() -> None:
 def test_every_option_says_what_it_does_here() -> None:
     for option in OPTIONS_LIST:
         assert option.meaning and option.effect, option.key
+
+
+def test_the_state_backends_options_outside_the_families_are_read() -> None:
+    """They were accepted and silently ignored: only the families' keys were read."""
+    config = CheckpointConfig.from_options(
+        {
+            "state.changelog.periodic-materialize.interval": "30 s",
+            "state.backend.memory.fixed-per-slot": "64 mb",
+            "state.backend.local-recovery": "true",
+        }
+    )
+    assert config.materialize_interval_ms == 30_000
+    assert config.state_memory_bytes == 64 << 20 and config.local_backup
+    with pytest.raises(ConfigError, match="state.backend.memory.fixed-per-slot"):
+        CheckpointConfig.from_options({"state.backend.memory.fixed-per-slot": "100 kb"})

@@ -193,3 +193,35 @@ def test_a_restore_reads_what_each_file_is_from_its_name_and_continues_after_its
     a_round(claimed, claimed.seq(1), (5, 6), touch=tmp_path)
     claimed.collect_garbage()  # restored files are never the agent's to delete
     assert not any(f.owned for c in claimed.chains.values() for f in c.files() if f.seq < 10)
+
+
+def test_a_canonical_savepoint_folds_every_key_group_with_state_and_pins_what_it_reads() -> None:
+    b = StateBackend("/state", materialize_interval_s=60.0)
+    a_round(b, 1, (1, 2))
+    a_round(b, 2, (2,), now=120.0)  # key groups 1 and 2 get bases; run 2 holds key group 2
+    a_round(b, 3, (2, 3), now=121.0)
+    state, pinned = b.canonical(ALL, "/savepoint")
+    assert state.materialize == (1, 2, 3) and not state.merge
+    names = {g: p.rsplit("/", 1)[1] for g, p in state.base_paths.items()}
+    assert all(p.startswith("/savepoint/base-") for p in state.base_paths.values())
+    assert names[3].startswith("base-00003-000000000003-"), "named by its newest change"
+    # a restore of the bases alone reads each as its key group's whole state
+    restored = [restored_file(p, 1, g, g) for g, p in state.base_paths.items()]
+    assert [(f.kind, f.first) for f in restored] == [("base", 1), ("base", 2), ("base", 3)]
+    read = {f.path for c in b.chains.values() for f in c.files()}
+    assert set(pinned) == read
+    a_round(b, 4, (1, 2, 3), now=300.0)  # everything materialized again: the old files go
+    assert not set(b.collect_garbage()) & read, "pinned until the fold is done"
+    b.release(pinned)
+    assert set(b.collect_garbage()) >= read - {f.path for c in b.chains.values() for f in c.files()}
+
+
+def test_runs_merge_only_while_they_fit_in_the_memory_budget() -> None:
+    b = StateBackend("/state", memory_bytes=45)
+    for seq in range(1, FAN_IN + 1):
+        a_round(b, seq, (1,))  # runs of 10 bytes: eight are 80 bytes, over the budget
+    assert not b.subtask_state(ALL, b.seq(FAN_IN + 1), 0, 0.0).merge
+    roomy = StateBackend("/state", memory_bytes=80)
+    for seq in range(1, FAN_IN + 1):
+        a_round(roomy, seq, (1,))
+    assert len(roomy.subtask_state(ALL, roomy.seq(FAN_IN + 1), 0, 0.0).merge) == FAN_IN

@@ -6,6 +6,7 @@ of earlier runs it removes once accepted (`clean_task_owned`)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import posixpath
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from fsspec.core import url_to_fs
 
 from sparkpoint.agent.checkpointing.acks import Acknowledgements
+from sparkpoint.agent.checkpointing.copies import Fold
 from sparkpoint.agent.checkpointing.snapshots import (
     AttemptParts,
     JobShape,
@@ -32,7 +34,12 @@ from sparkpoint.agent.sinks import EpochCommitter, SinkWriter
 from sparkpoint.agent.sinks.ledger import EpochLedger
 from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
+from sparkpoint.agent.spark.jobs import SNAPSHOT_POOL, SparkJobs
+from sparkpoint.agent.state import local
+from sparkpoint.agent.state.backend import local_path
 from sparkpoint.agent.state.books import StateBackend
+from sparkpoint.agent.state.local import job_local_dir
+from sparkpoint.agent.state.runs import fold
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.checkpoint_store import latest_store_record
 from sparkpoint.common.events import JobRegistered, JobStatus, Subtask
@@ -85,6 +92,8 @@ class AttemptMaker:
     """The attempt the coordinator accepted."""
     source_ends: dict[tuple[str, int], int]
     """A bounded Kafka source's end offsets, kept across restarts in this process."""
+    jobs: SparkJobs | None = None
+    """Where canonical savepoints fold key groups (None: savepoints copy the files as they are)."""
 
     def make(
         self, restored: Restored | None, sink: SinkWriter, committer: EpochCommitter
@@ -92,15 +101,13 @@ class AttemptMaker:
         """The parts of a new attempt, restored where ``restored`` says."""
         parallelism = len(self.ranges)
         channels = [Channel(i, self.options.capacity_bytes) for i in range(parallelism)]
-        backend = StateBackend(
-            self.places.state_dir,
-            materialize_interval_s=self.config.materialize_interval_ms / 1000,
-        )
+        backend = self._state_backend()
         source = self._source_reader()
         restoring = ChannelRecovery()
         if restored is not None:
             self._check_positions(restored, source)
             backend.restore(restored.state_files.values(), restored.shared)
+        self._local_recovery(backend, restored)
         source.start(restored.positions if restored else None)
         self.progress.start(source.positions)
         self.progress.seen_ends(source.ends.items())
@@ -117,13 +124,50 @@ class AttemptMaker:
             self.outcomes.declined,
         )  # fmt: skip
         shape = JobShape(
-            self.job.id, self.ranges, self.config, self.places.shared_dir, self.places.channel_dir
-        )
+            self.job.id, self.ranges, self.config, self.places.shared_dir,
+            self.places.channel_dir, self._fold(),
+        )  # fmt: skip
         checkpointer = SubtaskCheckpointer(
             shape, parts, acks, self.copier, self.segment_files, self.outcomes, self.taken,
             restored.checkpoint_id if restored else 0,
         )  # fmt: skip
         return Attempt(parts, checkpointer, restored)
+
+    def _state_backend(self) -> StateBackend:
+        state_dir, config = self.places.state_dir, self.config
+        remote = local_path(state_dir) is None
+        return StateBackend(
+            state_dir,
+            materialize_interval_s=config.materialize_interval_ms / 1000,
+            memory_bytes=config.state_memory_bytes,
+            local_dir=job_local_dir(config.local_backup_dirs, self.job.id) if remote else None,
+            local_backup=config.local_backup,
+        )
+
+    def _local_recovery(self, backend: StateBackend, restored: Restored | None) -> None:
+        """With state on an object store: local copies of the restored files are kept for the
+        tasks to read (``from-local``), everything else in the job's local directory goes."""
+        if backend.local_dir is None:
+            return
+        if restored is None or not self.recovery.from_local:
+            local.clear(backend.local_dir)
+            return
+        files = [f.path for f in restored.state_files.values()]
+        kept = local.keep_only(backend.local_dir, files)
+        log.info(
+            "job %s: local recovery: %d of %d restored state files on this machine's disk",
+            self.job.id, kept, len(files),
+        )  # fmt: skip
+
+    def _fold(self) -> Fold | None:
+        """A canonical savepoint's fold of a subtask's key groups, as a Spark task."""
+        jobs, declared = self.jobs, self.job.function.state
+        if jobs is None:
+            return None
+        work = functools.partial(fold, declared=declared)
+        return lambda state: jobs.run(SNAPSHOT_POOL, "savepoint: key groups folded", [state], work)[
+            0
+        ]
 
     def _source_reader(self) -> KafkaSourceReader | FileSourceReader:
         source = self.job.source

@@ -129,7 +129,7 @@ class Agent:
         self.attempts = AttemptMaker(
             job, options, self.config, self.recovery, self.places, self.ranges,
             len(self.subtasks), self.publisher, self.agent_id, self.copier, self.segment_files,
-            self.outcomes, self.progress, self.stages.taken, lambda: self.attempt, {},
+            self.outcomes, self.progress, self.stages.taken, lambda: self.attempt, {}, self.spark_jobs,
         )  # fmt: skip
         self.current: Attempt | None = None
         self.running_once = False

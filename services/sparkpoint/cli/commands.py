@@ -305,7 +305,11 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not args.job:
         raise OperationFailed("a JOB is needed (or --dispose PATH)")
-    body = {"target-directory": args.target_dir, "cancel-job": False}
+    body = {
+        "target-directory": args.target_dir,
+        "cancel-job": False,
+        "formatType": args.type.upper(),
+    }
     request_id = rest.call("POST", f"/jobs/{args.job}/savepoints", body)["request-id"]
     say(
         rest.wait_for_trigger(f"/jobs/{args.job}/savepoints/{request_id}", args.timeout)["location"]
@@ -315,7 +319,7 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     rest = coordinator_rest(args)
-    body = {"targetDirectory": args.savepoint, "drain": args.drain}
+    body = {"targetDirectory": args.savepoint, "drain": args.drain, "formatType": args.type.upper()}
     request_id = rest.call("POST", f"/jobs/{args.job}/stop", body)["request-id"]
     say(
         rest.wait_for_trigger(f"/jobs/{args.job}/savepoints/{request_id}", args.timeout)["location"]

@@ -348,6 +348,14 @@ def add_job_commands(commands: Any) -> None:
                 metavar="PATH",
                 help="delete the savepoint at PATH instead (as flink savepoint -d)",
             )
+        if name in ("savepoint", "stop"):
+            command.add_argument(
+                "--type",
+                choices=("canonical", "native"),
+                default="canonical",
+                help="the savepoint's format (as flink savepoint --type): canonical, every key "
+                "group's state in one file (default), or native, the state backend's files",
+            )
         if name == "stop":
             command.add_argument("--savepoint", metavar="TARGET_DIR")
             command.add_argument(

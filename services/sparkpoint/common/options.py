@@ -110,8 +110,9 @@ OPTIONS_LIST: tuple[Option, ...] = (
     Option(C + "data-inline-threshold", Kind.MEMORY, "20 kb", "state smaller than this is inlined in _metadata", None, NOT_HERE + ": every handle is a file", aliases=("state.storage.fs.memory-threshold", "state.backend.fs.memory-threshold")),
     Option(C + "write-buffer-size", Kind.INTEGER, "4096", "write buffer of checkpoint streams, bytes", None, NOT_HERE, aliases=("state.storage.fs.write-buffer-size", "state.backend.fs.write-buffer-size")),
     Option(C + "snapshot-compression", Kind.BOOLEAN, "false", "compress state snapshots", None, NOT_HERE + ": state files are Arrow IPC"),
-    Option(C + "local-backup.enabled", Kind.BOOLEAN, "false", "a local copy of keyed state on the task manager's disk", None, NOT_HERE, aliases=("state.backend.local-recovery",)),
-    Option(C + "local-backup.dirs", Kind.STRING, "(none)", "directories of local state copies", None, NOT_HERE, aliases=("taskmanager.state.local.root-dirs",)),
+    Option(C + "local-backup.enabled", Kind.BOOLEAN, "false", "a local copy of keyed state on the task manager's disk", "local_backup", "agent: with state on an object store, each checkpoint's copies are kept on the local disk of the machine that wrote them (files read or written there are kept locally always, as a cache)", aliases=("state.backend.local-recovery",)),
+    Option(C + "local-backup.dirs", Kind.STRING, "(none)", "directories of local state copies", "local_backup_dirs", "agent: the first is used; default: <system temp dir>/sparkpoint-local-state", aliases=("taskmanager.state.local.root-dirs",)),
+    Option("state.backend.memory.fixed-per-slot", Kind.MEMORY, "(none)", "memory a Python worker's keyed state may hold (modelled on Flink's state.backend.rocksdb.memory.fixed-per-slot)", "state_memory_bytes", "agent: files held in memory beyond it are dropped oldest first (files on local disk are memory-mapped, outside it), and runs merge only while their bytes fit in it", default_here="256 mb"),
     Option("state.changelog.periodic-materialize.interval", Kind.DURATION, "10 min", "how often a key group's runs of changes are folded into a new base (bounds the runs a checkpoint names and a restore reads)", "materialize_interval_ms", "agent: a sixteenth of a subtask's key groups per round at most"),
     Option(C + "file-merging.enabled", Kind.BOOLEAN, "false", "merge small checkpoint files into fewer files (FLIP-306)", None, NOT_HERE),
     Option(C + "file-merging.across-checkpoint-boundary", Kind.BOOLEAN, "false", "merged files shared across checkpoints", None, NOT_HERE),
@@ -127,7 +128,7 @@ OPTIONS_LIST: tuple[Option, ...] = (
     Option(R + "claim-mode", Kind.ENUM, "NO_CLAIM", "CLAIM: the job owns the restored snapshot and may delete it; NO_CLAIM: never touched, the first checkpoint is full", "claim_mode", "agent and coordinator; LEGACY is read as NO_CLAIM", aliases=("execution.savepoint-restore-mode",), values=("CLAIM", "NO_CLAIM", "LEGACY")),
     Option(R + "ignore-unclaimed-state", Kind.BOOLEAN, "false", "drop snapshot state the job cannot map (what --allow-non-restored-state sets)", "ignore_unclaimed_state", "agent", aliases=("execution.savepoint.ignore-unclaimed-state",)),
     Option(R + "without-channel-state.checkpoint-id", Kind.LONG, "-1", "restore this checkpoint without its channel state", "without_channel_state_checkpoint_id", "agent: drops that checkpoint's channel state on restore, with a warning", aliases=("execution.checkpointing.recover-without-channel-state.checkpoint-id",)),
-    Option(R + "from-local", Kind.BOOLEAN, "false", "recover keyed state from local copies", None, NOT_HERE),
+    Option(R + "from-local", Kind.BOOLEAN, "false", "recover keyed state from local copies", "from_local", "agent: a restore on the machine that kept local copies reads them instead of the object store; off: the job's local copies are removed first"),
     Option(R + "approximate-local-recovery", Kind.BOOLEAN, "false", "approximate local recovery (Flink internal)", None, NOT_HERE, aliases=("execution.checkpointing.approximate-local-recovery",)),
     # --- restart strategies ------------------------------------------------------------------------
     Option("restart-strategy.type", Kind.ENUM, "(none)", "none, fixed-delay, failure-rate or exponential-delay; unset: exponential-delay when checkpointing is on, else none", "type", "agent: restarts the job in its process", aliases=("restart-strategy",), values=("none", "off", "disable", "fixed-delay", "fixeddelay", "failure-rate", "failurerate", "exponential-delay", "exponentialdelay")),
@@ -167,7 +168,9 @@ class UnknownOption(ValueError):
 
 
 def in_families(key: str) -> bool:
-    return key.startswith(FAMILIES) or key in ALIASES or key == "restart-strategy"
+    """A key read here: of the families, or one of the few options outside them (the state
+    backend's: ``state.changelog.*``, ``state.backend.memory.*``)."""
+    return key.startswith(FAMILIES) or key in ALIASES or key in OPTIONS or key == "restart-strategy"
 
 
 def canonical_key(key: str) -> str:

@@ -101,6 +101,13 @@ class CheckpointConfig:
     periodic_savepoint_interval_ms: int | None = None
     materialize_interval_ms: int = 600_000
     """``state.changelog.periodic-materialize.interval``: Flink's default."""
+    state_memory_bytes: int = 256 << 20
+    """``state.backend.memory.fixed-per-slot``: a Python worker's budget for keyed state held in
+    memory."""
+    local_backup: bool = False
+    """``execution.checkpointing.local-backup.enabled``."""
+    local_backup_dirs: str | None = None
+    """``execution.checkpointing.local-backup.dirs``: None, the system's temporary directory."""
     periodic_savepoint_num_retained: int = 3
     """FLIP-10 bounds the periodic savepoints kept without naming a default; three covers the
     last few intervals without letting a forgotten job fill its savepoint directory."""
@@ -108,6 +115,11 @@ class CheckpointConfig:
     def validate(self) -> CheckpointConfig:
         """Returns self, or raises `ConfigError` naming the first invalid option."""
         positive = [("interval", self.interval_ms), ("timeout", self.timeout_ms)]
+        if self.state_memory_bytes < 1 << 20:
+            raise ConfigError(
+                "state.backend.memory.fixed-per-slot",
+                f"must be at least 1 mb, got {self.state_memory_bytes} bytes",
+            )
         if self.materialize_interval_ms <= 0:
             raise ConfigError(
                 "state.changelog.periodic-materialize.interval",
@@ -239,6 +251,8 @@ class RecoveryConfig:
     subsumed); NO_CLAIM (and Flink's LEGACY): it is never touched, the first checkpoint is full."""
     ignore_unclaimed_state: bool = False
     without_channel_state_checkpoint_id: int = -1
+    from_local: bool = False
+    """``execution.state-recovery.from-local``: restore from local copies where they exist."""
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> RecoveryConfig:

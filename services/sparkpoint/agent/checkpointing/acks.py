@@ -92,18 +92,19 @@ class Acknowledgements:
             reason = CheckpointFailureReason.CHECKPOINT_ASYNC_EXCEPTION
             self.decline(pending, subtask, reason, str(error))
             return
+        copied = copy.future.result()
         handles = [
             StateHandle(u.path, StateHandleKind.KEYED_STATE, u.size, u.first, u.last, u.shared)
-            for u, _ in copy.plan
+            for u, _ in copied.plan
         ]
         manifest = f"{pending.trigger.target_location}/sink-{copy.subtask}.json"
         handles.append(StateHandle(manifest, StateHandleKind.SINK_EPOCH, 0))
-        channel_handles, persisted = copy.future.result()
+        persisted = copied.persisted
         pending.persisted += persisted
         self.acknowledge(
-            pending, subtask, handles + channel_handles,
-            state_size=sum(u.size for u, _ in copy.plan) + persisted,
-            checkpointed=sum(u.size for u, source in copy.plan if source is not None) + persisted,
+            pending, subtask, handles + copied.channel,
+            state_size=sum(u.size for u, _ in copied.plan) + persisted,
+            checkpointed=sum(u.size for u, s in copied.plan if s is not None) + persisted,
             sync_ms=copy.sync_ms,
             async_ms=int((time.monotonic() - copy.started) * 1000),
             persisted=persisted, unaligned=copy.unaligned,

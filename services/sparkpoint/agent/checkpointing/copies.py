@@ -6,37 +6,80 @@ from __future__ import annotations
 
 import json
 import posixpath
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from sparkpoint.agent.checkpointing.pending import Plan
+from sparkpoint.agent.checkpointing.pending import Copied, Plan
 from sparkpoint.agent.recovery import channel_state
 from sparkpoint.agent.rounds.channels import Segment, SegmentFiles
 from sparkpoint.agent.state.backend import copy_file, delete_files, link_or_copy_all, write_file
-from sparkpoint.agent.state.books import StateBackend
+from sparkpoint.agent.state.books import StateBackend, Upload
+from sparkpoint.agent.state.runs import SubtaskState
 from sparkpoint.common.events import StateHandle
 from sparkpoint.common.keygroups import KeyGroupRange
 
 Outputs = list[tuple[int, str]]
 
 
+@dataclass(frozen=True)
+class SubtaskCopy:
+    """What a keyed subtask's asynchronous phase writes besides its state files."""
+
+    subtask: int
+    groups: KeyGroupRange
+    manifest_path: str
+    manifest: dict[str, list[str]]
+    in_flight: list[Segment]
+    target: str
+    channel_dir: str
+
+    def write(self) -> tuple[list[StateHandle], int]:
+        """The sink manifest and, unaligned, the channel state: its handles and bytes."""
+        write_file(self.manifest_path, json.dumps(self.manifest).encode())
+        if not self.in_flight:
+            return [], 0
+        groups = (self.groups.start, self.groups.end)
+        return channel_state.persist(
+            self.in_flight, self.channel_dir, self.target, self.subtask, groups
+        )
+
+
 def copy_snapshot(
-    plan: Plan, manifest_path: str, manifest: dict[str, list[str]], groups: KeyGroupRange,
-    in_flight: list[Segment], target: str, subtask: int, channel_dir: str,
-    backend: StateBackend, segment_files: SegmentFiles,
-) -> tuple[list[StateHandle], int]:  # fmt: skip
-    """The asynchronous phase of subtask ``subtask``'s snapshot; returns its channel-state
-    handles and their bytes. What it pinned (state files, in-flight segments) is released."""
+    plan: Plan, rest: SubtaskCopy, backend: StateBackend, segment_files: SegmentFiles
+) -> Copied:
+    """The asynchronous phase of a subtask's snapshot: its new state files copied. What it
+    pinned (state files, in-flight segments) is released."""
     try:
         # immutable files: linked where storage allows, on an object store copied together
         link_or_copy_all((source, upload.path) for upload, source in plan if source)
-        write_file(manifest_path, json.dumps(manifest).encode())
-        if not in_flight:
-            return [], 0
-        return channel_state.persist(
-            in_flight, channel_dir, target, subtask, (groups.start, groups.end)
-        )
+        backend.keep_local((source, u.path) for u, source in plan if source and u.shared)
+        return Copied(plan, *rest.write())
     finally:
         backend.release(s for _, s in plan)
-        segment_files.release(s.path for s in in_flight)
+        segment_files.release(s.path for s in rest.in_flight)
+
+
+Fold = Callable[[SubtaskState], dict[int, int]]
+"""Writes a subtask's key groups folded into bases (`runs.fold`, as a Spark task): their bytes."""
+
+
+def fold_snapshot(
+    state: SubtaskState, pinned: list[str], fold: Fold, rest: SubtaskCopy,
+    backend: StateBackend, segment_files: SegmentFiles,
+) -> Copied:  # fmt: skip
+    """The asynchronous phase of a canonical savepoint's subtask: each key group's chain folded
+    into one base in the savepoint's directory (Flink's canonical format: every key group whole,
+    whatever the backend's files), written by a Spark task where the state lies."""
+    try:
+        sizes = fold(state)
+        plan: Plan = [
+            (Upload(g, g, state.base_paths[g], size, False, True), state.base_paths[g])
+            for g, size in sorted(sizes.items())
+        ]
+        return Copied(plan, *rest.write())
+    finally:
+        backend.release(pinned)
+        segment_files.release(s.path for s in rest.in_flight)
 
 
 def self_contained(epochs: dict[int, Outputs], target: str) -> dict[int, Outputs]:

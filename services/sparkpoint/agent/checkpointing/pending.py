@@ -17,7 +17,21 @@ def now_ms() -> int:
 
 
 Plan = list[tuple[Upload, str | None]]
-"""What a subtask's snapshot references, and the working file each new copy is made from."""
+"""What a subtask's snapshot references, and the working file each new copy is made from (a
+canonical savepoint's folded bases: the file itself)."""
+
+
+@dataclass(frozen=True)
+class Copied:
+    """What a keyed subtask's asynchronous phase made: the state files its snapshot references,
+    and the channel-state handles it wrote (unaligned snapshots) with their bytes."""
+
+    plan: Plan
+    channel: list[StateHandle] = field(default_factory=list)
+    persisted: int = 0
+
+    def new_files(self) -> list[str]:
+        return [upload.path for upload, source in self.plan if source is not None]
 
 
 @dataclass
@@ -25,15 +39,16 @@ class Copy:
     """One keyed subtask's snapshot in its asynchronous phase."""
 
     subtask: int
-    future: Future[tuple[list[StateHandle], int]]
-    """Resolves to the channel-state handles written (unaligned snapshots) and their bytes."""
-    plan: Plan
+    future: Future[Copied]
     sync_ms: int
     started: float
     unaligned: bool = False
 
     def new_files(self) -> list[str]:
-        return [upload.path for upload, source in self.plan if source is not None]
+        """The files it made (once done; none when it failed)."""
+        if not self.future.done() or self.future.exception() is not None:
+            return []
+        return self.future.result().new_files()
 
 
 @dataclass

@@ -29,8 +29,14 @@ from fsspec.core import url_to_fs
 
 from sparkpoint.agent.checkpointing.acks import Acknowledgements
 from sparkpoint.agent.checkpointing.barriers import first_state, place_barriers, unaligned_allowed
-from sparkpoint.agent.checkpointing.copies import copy_snapshot, self_contained
-from sparkpoint.agent.checkpointing.pending import Copy, Draining, PendingSnapshot
+from sparkpoint.agent.checkpointing.copies import (
+    Fold,
+    SubtaskCopy,
+    copy_snapshot,
+    fold_snapshot,
+    self_contained,
+)
+from sparkpoint.agent.checkpointing.pending import Copied, Copy, Draining, PendingSnapshot
 from sparkpoint.agent.faults import crash_point
 from sparkpoint.agent.recovery.restore import SOURCE_FORMAT
 from sparkpoint.agent.recovery.split import ChannelRecovery
@@ -44,6 +50,7 @@ from sparkpoint.common.events import (
     CheckpointFailureReason,
     NotifyCheckpointAborted,
     NotifyCheckpointComplete,
+    SavepointFormat,
     SnapshotType,
     StateHandle,
     StateHandleKind,
@@ -65,6 +72,9 @@ class JobShape:
     config: CheckpointConfig
     shared_dir: str
     channel_dir: str
+    fold: Fold | None = None
+    """Folds a subtask's key groups into bases where the state lies (a Spark job): a canonical
+    savepoint's state. None: savepoints copy the backend's files as they are (NATIVE)."""
 
     @property
     def parallelism(self) -> int:
@@ -254,28 +264,43 @@ class SubtaskCheckpointer:
         unpublished: dict[int, list[tuple[int, str]]],
         in_flight: list[Segment],
     ) -> Copy:
-        """Keyed subtask ``subtask``'s synchronous phase; its copy runs on the copier threads."""
+        """Keyed subtask ``subtask``'s synchronous phase; its copy runs on the copier threads. A
+        canonical savepoint folds each key group into one base (`fold_snapshot`); anything else
+        references the backend's files, copying those not copied before."""
         trigger = pending.trigger
         full = trigger.snapshot_type is not SnapshotType.CHECKPOINT
         incremental = self.shape.config.incremental and not full
         started = time.monotonic()
         groups = self.shape.ranges[subtask]
-        plan = self.parts.backend.plan(
-            trigger.checkpoint_id, groups, incremental, trigger.target_location,
-            self.shape.shared_dir,
-        )  # fmt: skip
+        target = trigger.target_location
         manifest = {
             str(epoch): sorted(path for owner, path in outputs if owner == subtask)
             for epoch, outputs in unpublished.items()
         }
-        self.segment_files.pin(s.path for s in in_flight)
-        future = self.copier.submit(
-            copy_snapshot, plan, f"{trigger.target_location}/sink-{subtask}.json", manifest,
-            groups, in_flight, trigger.target_location, subtask, self.shape.channel_dir,
-            self.parts.backend, self.segment_files,
+        rest = SubtaskCopy(
+            subtask, groups, f"{target}/sink-{subtask}.json", manifest, in_flight, target,
+            self.shape.channel_dir,
         )  # fmt: skip
+        self.segment_files.pin(s.path for s in in_flight)
+        backend = self.parts.backend
+        fold = self.shape.fold
+        future: Future[Copied]
+        if (
+            fold is not None
+            and trigger.snapshot_type.is_savepoint
+            and trigger.savepoint_format is SavepointFormat.CANONICAL
+        ):
+            state, pinned = backend.canonical(groups, target)
+            future = self.copier.submit(
+                fold_snapshot, state, pinned, fold, rest, backend, self.segment_files
+            )
+        else:
+            plan = backend.plan(
+                trigger.checkpoint_id, groups, incremental, target, self.shape.shared_dir
+            )
+            future = self.copier.submit(copy_snapshot, plan, rest, backend, self.segment_files)
         sync_ms = int((time.monotonic() - started) * 1000)
-        return Copy(subtask, future, plan, sync_ms, time.monotonic(), pending.unaligned)
+        return Copy(subtask, future, sync_ms, time.monotonic(), pending.unaligned)
 
     def processed(self, subtask: int, size: int) -> None:
         """A round processed ``size`` bytes of ``subtask``'s channel: counted for every

@@ -18,7 +18,6 @@ from sparkpoint.agent.state import changelog
 from sparkpoint.agent.state.backend import read_files, write_file
 from sparkpoint.agent.state.changelog import Run
 from sparkpoint.agent.state.runs import StateView, SubtaskState, Written
-from sparkpoint.agent.state.runs import write as write_run
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,7 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     written = Written()
     if run is not None:
         run_groups = tuple(sorted(run.groups()))
-        written = Written((task.run_path, write_run(task.run_path, run), run_groups))
+        written = Written((task.run_path, view.write(task.run_path, run), run_groups))
     written = view.compact(run, written)
     emitted = [out for out in outputs if out is not None and len(out)]
     rows = sum(len(out) for out in emitted)

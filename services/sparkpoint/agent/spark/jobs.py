@@ -1,7 +1,7 @@
 """The agent's Spark jobs: one session, started on first use (or handed in: tests and benchmarks
 share theirs), and every job the agent runs on it, each tagged in a job group of its own (what
 the driver ships to tasks and gets back is counted: `traffic`) and in one of the scheduler pools
-of spark_pools.xml: `ROUNDS_POOL`, `RECOVERY_POOL`, `SINK_POOL`."""
+of spark_pools.xml: `ROUNDS_POOL`, `RECOVERY_POOL`, `SINK_POOL`, `SNAPSHOT_POOL`."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ ROUNDS_POOL = "stage2"
 """The rounds' pool (named when stage 1 ran in a pool of its own: a pools file written for it
 still applies)."""
 RECOVERY_POOL = "recovery"
+SNAPSHOT_POOL = "snapshot"
+"""Canonical savepoints' folds: beside the rounds, which go on meanwhile."""
 SINK_POOL = "sink"
 """Sorts before `ROUNDS_POOL`: Spark's FAIR comparison takes the first name between pools
 running equally many tasks (spark_pools.xml says why that matters)."""

@@ -39,9 +39,11 @@ import uuid
 from collections import Counter
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
+from sparkpoint.agent.state import local
 from sparkpoint.agent.state.backend import delete_files
-from sparkpoint.agent.state.runs import SubtaskState, Written
+from sparkpoint.agent.state.runs import CACHE_BYTES, SubtaskState, Written
 
 FAN_IN = 8
 """Runs of one level that merge into one of the next."""
@@ -49,9 +51,6 @@ MATERIALIZE_INTERVAL_S = 600.0
 """Flink's default ``state.changelog.periodic-materialize.interval``."""
 MATERIALIZE_SHARE = 16
 """A subtask materializes at most 1/16 of its key groups (at least one) per round."""
-MERGE_BYTES = 256 << 20
-"""A merge reads its runs whole: runs larger together stay apart (the lookups read one more
-file each) until their key groups are materialized."""
 RESTORED_RUNS = 4 * FAN_IN
 """More runs than this (a restored log) merge into one in the next round."""
 GOLDEN = 0.6180339887498949
@@ -122,6 +121,22 @@ class Chain:
         return [*self.log, *([self.base] if self.base is not None else [])]
 
 
+def read_state(chains: dict[int, Chain], **fields: Any) -> SubtaskState:
+    """What a task is told of ``chains`` to read them (paths only), with the other ``fields`` of
+    `SubtaskState` (the compaction it is to do, where local copies go, its memory budget)."""
+    return SubtaskState(
+        chains={
+            g: (c.base.path if c.base else None, tuple(r.path for r in c.runs))
+            for g, c in chains.items()
+        },
+        seqs={r.path: r.seq for c in chains.values() for r in c.runs},
+        legacy=frozenset(
+            c.base.path for c in chains.values() if c.base and c.base.kind == "legacy"
+        ),
+        **fields,
+    )
+
+
 @dataclass(frozen=True)
 class Upload:
     """A state file as a snapshot references it."""
@@ -145,6 +160,14 @@ class StateBackend:
     seq_offset: int = 0
     """Added to a round's number to make its ``seq``: past every restored file's."""
     materialize_interval_s: float = MATERIALIZE_INTERVAL_S
+    memory_bytes: int = CACHE_BYTES
+    """A worker's budget for state held in memory (``state.backend.memory.fixed-per-slot``); a
+    merge reads its runs whole, so runs larger together stay apart (the lookups read one more
+    file each) until their key groups are materialized."""
+    local_dir: str | None = None
+    """Where tasks keep local copies of files on an object store (state/local.py)."""
+    local_backup: bool = False
+    """``execution.checkpointing.local-backup.enabled``: checkpoint copies kept locally too."""
     confirmed: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Working file -> (its shared copy, size) as of the last completed checkpoint."""
     materialized: dict[int, float] = field(default_factory=dict)
@@ -184,15 +207,10 @@ class StateBackend:
                 f"{self.state_dir}/runs/m{merge[0].seq:012d}-l{level}-s{subtask:04d}-"
                 f"{uuid.uuid4().hex[:8]}.arrow"
             )
-        return SubtaskState(
-            chains={
-                g: (c.base.path if c.base else None, tuple(r.path for r in c.runs))
-                for g, c in chains.items()
-            },
-            seqs={r.path: r.seq for c in chains.values() for r in c.runs},
-            legacy=frozenset(
-                c.base.path for c in chains.values() if c.base and c.base.kind == "legacy"
-            ),
+        return read_state(
+            chains,
+            local_dir=self.local_dir,
+            memory_bytes=self.memory_bytes,
             merge=tuple(f.path for f in merge),
             merge_path=merge_path,
             materialize=tuple(materialize),
@@ -208,7 +226,7 @@ class StateBackend:
         )
         if len(runs) > RESTORED_RUNS:  # a restore's log: merged at once, not FAN_IN at a time
             total, end = 0, 0
-            while end < len(runs) and total + runs[end].size <= MERGE_BYTES:
+            while end < len(runs) and total + runs[end].size <= self.memory_bytes:
                 total, end = total + runs[end].size, end + 1
             if end >= 2:
                 return runs[:end], []
@@ -216,7 +234,7 @@ class StateBackend:
         start = 0
         for i in range(1, len(runs) + 1):
             if i == len(runs) or runs[i].level != runs[start].level:
-                if i - start >= FAN_IN and sum(r.size for r in runs[start:i]) <= MERGE_BYTES:
+                if i - start >= FAN_IN and sum(r.size for r in runs[start:i]) <= self.memory_bytes:
                     merge = runs[start:i]
                     break
                 start = i
@@ -311,6 +329,28 @@ class StateBackend:
                 proposed[path] = (copy, f.size, incremental)
         return plan
 
+    def canonical(self, groups: Container[int], target: str) -> tuple[SubtaskState, list[str]]:
+        """A canonical savepoint of ``groups``: each key group's chain to be folded into one base
+        in ``target`` (`runs.fold`), and the files that reads, pinned until `release`d."""
+        with self._lock:
+            chains = {g: c for g, c in self.chains.items() if g in groups}
+            pinned = sorted({f.path for c in chains.values() for f in c.files()})
+            for path in pinned:
+                self._pins[path] += 1
+        paths = {}
+        for group, chain in chains.items():
+            # named by the newest change it holds (a legacy base has none: -1), as bases are
+            seq = max(0, *(f.seq for f in chain.files()))
+            paths[group] = f"{target}/{StateFile('', 0, seq, group, group, 'base').copy_name()}"
+        state = read_state(
+            chains,
+            local_dir=self.local_dir,
+            memory_bytes=self.memory_bytes,
+            materialize=tuple(sorted(chains)),
+            base_paths=paths,
+        )
+        return state, pinned
+
     def release(self, sources: Iterable[str | None]) -> None:
         with self._lock:
             for source in sources:
@@ -328,8 +368,19 @@ class StateBackend:
             proposed = self._proposed.pop(checkpoint_id, {})
             for old in [c for c in self._proposed if c < checkpoint_id]:
                 del self._proposed[old]
-            if not is_savepoint:
-                self.confirmed = {p: (c, s) for p, (c, s, shared) in proposed.items() if shared}
+            if is_savepoint:
+                return
+            before = {c for c, _ in self.confirmed.values()}
+            self.confirmed = {p: (c, s) for p, (c, s, shared) in proposed.items() if shared}
+        if self.local_dir is not None:  # local copies of the latest completed checkpoint only
+            local.forget(self.local_dir, before - {c for c, _ in self.confirmed.values()})
+
+    def keep_local(self, copies: Iterable[tuple[str, str]]) -> None:
+        """With local backup, each (working file, its checkpoint copy) kept on this machine's
+        disk under the copy's name too (a hard link), for a restart here to restore from."""
+        if self.local_backup and self.local_dir is not None:
+            for source, copy in copies:
+                local.link(self.local_dir, source, copy)
 
     def abort(self, checkpoint_id: int) -> None:
         with self._lock:
@@ -379,6 +430,8 @@ class StateBackend:
             free = [p for p in self._garbage if p not in self._pins and p not in self._refs]
             self._garbage = [p for p in self._garbage if p in self._pins and p not in self._refs]
         delete_files(free)
+        if self.local_dir is not None:
+            local.forget(self.local_dir, free)
         return free
 
     @property

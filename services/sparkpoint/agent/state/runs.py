@@ -5,6 +5,7 @@ compaction the driver asked for (a merge of runs, key groups folded into new bas
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,8 +15,14 @@ import pandas as pd
 import pyarrow as pa
 
 from sparkpoint.agent.job import StateDescriptor
-from sparkpoint.agent.state import changelog
-from sparkpoint.agent.state.backend import decode_state, local_path, read_files, write_file
+from sparkpoint.agent.state import changelog, local
+from sparkpoint.agent.state.backend import (
+    decode_state,
+    into_place,
+    local_path,
+    read_files,
+    write_file,
+)
 from sparkpoint.agent.state.changelog import Run
 
 CACHE_FILES = 1024
@@ -42,6 +49,11 @@ class SubtaskState:
     materialize: tuple[int, ...] = ()
     """Key groups to fold into a new base after this round (at ``base_paths``)."""
     base_paths: dict[int, str] = field(default_factory=dict)
+    local_dir: str | None = None
+    """Where files of an object store are kept on this machine's disk (state/local.py); None:
+    the state is on local disk already."""
+    memory_bytes: int = CACHE_BYTES
+    """The worker's budget for files held in memory (``state.backend.memory.fixed-per-slot``)."""
 
     def live(self) -> dict[str, set[int]]:
         """Run path -> the key groups whose chains hold it."""
@@ -73,56 +85,117 @@ class Written:
 
 _CACHE: OrderedDict[str, tuple[Run, int]] = OrderedDict()
 _CACHE_BYTES = 0
+DOWNLOADED = [0, 0]
+"""Files and bytes this worker read from an object store (what local copies spare)."""
 
 
 def load(
-    paths: Mapping[str, int | None], declared: Mapping[str, StateDescriptor]
+    paths: Mapping[str, int | None],
+    declared: Mapping[str, StateDescriptor],
+    local_dir: str | None = None,
+    budget: int = CACHE_BYTES,
 ) -> dict[str, Run]:
     """Path -> its run; ``paths`` maps a legacy base's path to its key group (None: a run or a
-    base of this format). Files not in the worker's cache are read together (`read_files`)."""
+    base of this format). A file on local disk, or with a local copy in ``local_dir``, is
+    memory-mapped; the others are read together (`read_files`) and, with a ``local_dir``, kept
+    there and mapped. Only what is held in memory counts toward ``budget``."""
     found: dict[str, Run] = {}
     missing: dict[str, int | None] = {}
     for path, legacy_group in paths.items():
-        cached = _CACHE.get(path)
-        if cached is None:
+        entry = _CACHE.get(path)
+        if entry is None:
             missing[path] = legacy_group
         else:
             _CACHE.move_to_end(path)
-            found[path] = cached[0]
-    local = {p: g for p, g in missing.items() if local_path(p) is not None and g is None}
-    for path in local:
-        mapped = pa.memory_map(local_path(path) or path)
-        run = changelog.decode_run(mapped.read_buffer())
-        remember(path, run, 0)
-        found[path] = run
-    remote = [p for p in missing if p not in local]
+            found[path] = entry[0]
+    mapped: dict[str, str] = {}
+    for path, legacy_group in missing.items():
+        on_disk = local_path(path)
+        if on_disk is None and local_dir is not None:
+            on_disk = local.cached(local_dir, path)
+        if legacy_group is None and on_disk is not None and os.path.exists(on_disk):
+            mapped[path] = on_disk
+    remote = [p for p in missing if p not in mapped]
     for path, data in read_files(remote).items():
+        DOWNLOADED[0] += 1
+        DOWNLOADED[1] += len(data)
         legacy_group = missing[path]
-        if legacy_group is None:
-            run = changelog.decode_run(data)
-        else:
+        if legacy_group is not None:
             run = changelog.from_legacy(decode_state(data, declared), legacy_group)
-        remember(path, run, len(data))
+            remember(path, run, len(data), budget)
+            found[path] = run
+        elif local_dir is not None:
+            mapped[path] = keep_local(local_dir, path, data)
+        else:
+            run = changelog.decode_run(data)
+            remember(path, run, len(data), budget)
+            found[path] = run
+    for path, on_disk in mapped.items():
+        run = changelog.decode_run(pa.memory_map(on_disk).read_buffer())
+        remember(path, run, 0, budget)
         found[path] = run
     return found
 
 
-def remember(path: str, run: Run, size: int) -> None:
+def keep_local(local_dir: str, path: str, data: bytes) -> str:
+    on_disk = local.cached(local_dir, path)
+    with into_place(on_disk) as temporary, open(temporary, "wb") as out:
+        out.write(data)
+    return on_disk
+
+
+def remember(path: str, run: Run, size: int, budget: int = CACHE_BYTES) -> None:
+    """``run`` kept in the worker's cache; ``size``: the bytes it holds in memory (0 for a
+    memory-mapped file, whose pages are the kernel's to drop). The oldest entries go while the
+    cache holds more than ``budget`` bytes or `CACHE_FILES` files."""
     global _CACHE_BYTES
+    old = _CACHE.pop(path, None)
+    if old is not None:
+        _CACHE_BYTES -= old[1]
     _CACHE[path] = (run, size)
     _CACHE_BYTES += size
-    while len(_CACHE) > CACHE_FILES or (_CACHE_BYTES > CACHE_BYTES and len(_CACHE) > 1):
+    while len(_CACHE) > CACHE_FILES or (budget < _CACHE_BYTES and len(_CACHE) > 1):
         _, (_, dropped) = _CACHE.popitem(last=False)
         _CACHE_BYTES -= dropped
+    if budget < _CACHE_BYTES:  # one entry larger than the budget: not kept either
+        _CACHE.clear()
+        _CACHE_BYTES = 0
 
 
-def write(path: str, run: Run) -> int:
+def cache_bytes() -> int:
+    return _CACHE_BYTES
+
+
+def write(path: str, run: Run, local_dir: str | None = None, budget: int = CACHE_BYTES) -> int:
+    """Writes ``run`` at ``path``; returns its bytes. Later rounds in this worker find it without
+    reading it back: on local disk (or kept in ``local_dir``) memory-mapped, else held in memory
+    (counting toward ``budget``)."""
     data = changelog.encode_run(run)
+    on_disk = local_path(path)
+    if on_disk is None and local_dir is not None:
+        on_disk = keep_local(local_dir, path, data)
     write_file(path, data)
-    # the run as written: later rounds in this worker find it without reading it back (it is in
-    # this process's memory, so it counts toward the budget wherever the file lies)
-    remember(path, run, len(data))
+    if on_disk is None:
+        remember(path, run, len(data), budget)
+    else:
+        remember(path, changelog.decode_run(pa.memory_map(on_disk).read_buffer()), 0, budget)
     return len(data)
+
+
+def fold(state: SubtaskState, declared: Mapping[str, StateDescriptor]) -> dict[int, int]:
+    """A canonical savepoint's part, in a Spark task: each key group ``state.materialize`` names
+    folded into one base at its ``base_paths`` entry; key group -> bytes written. The folded
+    bases bypass the worker's cache (a savepoint's files are not read again here), and each
+    key group's base leaves memory once folded: the task holds one key group's state at a
+    time, beside the runs it shares with others."""
+    view = StateView(state, declared)
+    written = {}
+    for group in state.materialize:
+        data = changelog.encode_run(view.folded(group))
+        write_file(state.base_paths[group], data)
+        written[group] = len(data)
+        view.forget(state.chains[group][0])
+    return written
 
 
 class StateView:
@@ -142,13 +215,23 @@ class StateView:
                 wanted[base] = group if base in self.state.legacy else None
             wanted.update(dict.fromkeys(runs))
         missing = {p: g for p, g in wanted.items() if p not in self._runs}
-        self._runs.update(load(missing, self.declared))
+        state = self.state
+        self._runs.update(load(missing, self.declared, state.local_dir, state.memory_bytes))
         run_paths = sorted(
             {p for _, runs in chains.values() for p in runs}, key=lambda p: -self.state.seqs[p]
         )
         layers = [(self._runs[p], self.live[p]) for p in run_paths]
         bases = [self._runs[b] for b, _ in chains.values() if b is not None]
         return layers, bases
+
+    def write(self, path: str, run: Run) -> int:
+        """A file of this subtask's state written (`write`); its bytes."""
+        return write(path, run, self.state.local_dir, self.state.memory_bytes)
+
+    def forget(self, path: str | None) -> None:
+        """A file no later lookup of this view reads (a key group's base, once folded)."""
+        if path is not None:
+            self._runs.pop(path, None)
 
     def lookup(self, keys: np.ndarray, groups: np.ndarray) -> dict[str, pd.Series]:
         runs, bases = self._load({int(g) for g in np.unique(groups)})
@@ -188,11 +271,11 @@ class StateView:
             self._load({g for p in state.merge for g in self.live[p]})
             parts = [(self._runs[p], self.live[p]) for p in state.merge]
             merged_run = changelog.merge_runs(parts)
-            size = write(state.merge_path, merged_run)
+            size = self.write(state.merge_path, merged_run)
             merged = (state.merge_path, size, tuple(sorted(merged_run.groups())))
         run_groups = written.run[2] if written.run is not None else ()
         bases: dict[int, int] = {}
         for group in state.materialize:
             newest = run if group in run_groups else None
-            bases[group] = write(state.base_paths[group], self.folded(group, newest))
+            bases[group] = self.write(state.base_paths[group], self.folded(group, newest))
         return Written(written.run, merged, bases)
