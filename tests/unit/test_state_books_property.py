@@ -29,6 +29,7 @@ from sparkpoint.common.events import (
 )
 from tests.unit.harness import JOB_DIR, Driver, ack, coordinator, decline
 from tests.unit.test_coordinator import config
+from tests.unit.test_shared_state_property import settings
 
 pytestmark = pytest.mark.unit
 
@@ -161,16 +162,6 @@ def check(driver: Driver, agent: Agent, deleted_working: list[str]) -> None:
     copying = {p for sources in agent.pinned.values() for p in sources}
     assert not set(deleted_working) & (named | copying)
     assert newest_changes(agent.backend, agent.holds) == agent.newest  # no change is lost
-
-
-def settings(driver: Driver) -> dict[str, object]:
-    current = driver.coordinator.config
-    return {
-        "max_concurrent": current.max_concurrent,
-        "num_retained": current.num_retained,
-        "timeout_ms": current.timeout_ms,
-        "tolerable_failed": current.tolerable_failed,
-    }
 
 
 def run(seed: int, monkeypatch: pytest.MonkeyPatch, steps: int = 150) -> None:
