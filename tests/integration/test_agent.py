@@ -115,12 +115,9 @@ def read_tokened(
                 if message.error() is None:
                     token = dict(message.headers() or []).get(TRANSACTION_HEADER)
                     row = decode(message.value() or b"{}")
-                    out.append(
-                        (
-                            token.decode() if isinstance(token, bytes) else token,
-                            (row["kind"], row["account"], row["id"], row["value"]),
-                        )
-                    )
+                    if not isinstance(row, tuple):  # the example job's record
+                        row = (row["kind"], row["account"], row["id"], row["value"])
+                    out.append((token.decode() if isinstance(token, bytes) else token, row))
             for tp in consumer.position([TopicPartition(topic, p) for p in remaining]):
                 if tp.offset >= ends[tp.partition]:
                     remaining.discard(tp.partition)

@@ -132,5 +132,5 @@ def test_the_state_backends_options_outside_the_families_are_read() -> None:
     )
     assert config.materialize_interval_ms == 30_000
     assert config.state_memory_bytes == 64 << 20 and config.local_backup
-    with pytest.raises(ConfigError, match="state.backend.memory.fixed-per-slot"):
+    with pytest.raises(ConfigError, match=r"state\.backend\.memory\.fixed-per-slot"):
         CheckpointConfig.from_options({"state.backend.memory.fixed-per-slot": "100 kb"})
