@@ -224,3 +224,34 @@ def cpu_since(before: dict[str, float]) -> dict[str, float]:
     now = thread_cpu()
     spent = {name: round(now[name] - before.get(name, 0.0), 2) for name in now}
     return dict(sorted(spent.items(), key=lambda item: -item[1]))
+
+
+def process_tree(root: int | None = None) -> list[int]:
+    """A process (this one by default) and its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                parent = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, queue = [], [os.getpid() if root is None else root]
+    while queue:
+        pid = queue.pop()
+        found.append(pid)
+        queue.extend(children.get(pid, []))
+    return found
+
+
+def resident_bytes(pids: list[int]) -> int:
+    """The resident sets of ``pids``, summed (processes gone meanwhile count 0)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for pid in pids:
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
