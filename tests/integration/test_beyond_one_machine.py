@@ -96,11 +96,12 @@ def agent(
     sink: str = "kafka",
     master: str = "local[2]",
     wait: bool = True,
+    max_records: int = 300,
 ) -> subprocess.Popen[str]:
     env = dict(os.environ)
     env |= {
         "TEST_JOB_NAME": name, "TEST_INPUT": topic, "TEST_OUTPUT": output, "TEST_SINK": sink,
-        "TEST_MAX_RECORDS": "300", "PYTHONPATH": str(ROOT),
+        "TEST_MAX_RECORDS": str(max_records), "PYTHONPATH": str(ROOT),
     }  # fmt: skip
     env.pop("SPARKPOINT_CRASH_AT", None)
     if crash_at:
@@ -498,6 +499,31 @@ def test_local_recovery_reads_restored_state_from_this_machines_disk_and_not_aft
     recovered = re.search(r"local recovery: (\d+) of (\d+) restored state files", again)
     assert recovered and recovered[1] == recovered[2] != "0", again[-3000:]
     assert read_again == 0, "restored from this machine's disk"
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+
+
+def test_exactly_once_on_s3_through_a_sigkill_at_each_kill_point_in_turn(
+    coordinator: Running, bucket: str, payments_topic: str, expected: list[Output],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """One job, its checkpoints and state on S3, SIGKILLed at each kill point in turn (after an
+    acknowledgement, after a completion before the sink commits, inside a sink transaction, in
+    a round after a completed checkpoint), each time restarted from its latest checkpoint, then
+    run to its end: the committed output is exactly the reference. Rounds of 0.5 s over 60
+    records a partition keep input left for every kill."""
+    name, output = f"kills-{uuid.uuid4().hex[:8]}", f"stats-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("TEST_SLOW_MS", "500")
+    restore: tuple[str, ...] = ()
+    for point in ("after-ack:2", "after-complete:1", "mid-publish:1", "mid-batch-after-complete:2"):
+        run = finished(agent(coordinator, bucket, name, payments_topic, output, *restore,
+                             crash_at=point, max_records=60))  # fmt: skip
+        assert killed(run), f"{point}: {run.stderr[-3000:]}"
+        restore = ("--restore", "latest")
+    last = finished(agent(coordinator, bucket, name, payments_topic, output, *restore,
+                          max_records=60))  # fmt: skip
+    assert last.returncode == 0, last.stderr[-3000:]
+    assert "restoring from s3://" in last.stderr
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
 
