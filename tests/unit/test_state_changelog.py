@@ -106,11 +106,31 @@ def a_round(rng: random.Random, model: Model, state: KeyedState, keys: list[str]
     return changed & state.changed
 
 
+def first_format(run: Run) -> Run:
+    """A change run as the first format wrote it: every key it replaced listed, those it has
+    rows of too (the format now lists only the keys replaced by no rows)."""
+    replaced = {}
+    for name in {*run.rows, *(run.replaced or {})}:
+        parts = [
+            t.select([KH, "key"]).to_pandas()
+            for t in (run.rows.get(name), (run.replaced or {}).get(name))
+            if t is not None and t.num_rows
+        ]
+        if parts:
+            listed = pd.concat(parts).drop_duplicates("key").sort_values(KH, kind="stable")
+            replaced[name] = pa.Table.from_pandas(listed, preserve_index=False)
+    return Run(run.rows, replaced)
+
+
+@pytest.mark.parametrize("earlier_format", [False, True])
 @pytest.mark.parametrize("seed", range(16))
-def test_lookups_through_changes_merges_and_bases_match_a_model(seed: int) -> None:
+def test_lookups_through_changes_merges_and_bases_match_a_model(
+    seed: int, earlier_format: bool
+) -> None:
     """Each key group has a base and a chain of runs (newest first), as the backend keeps them;
     runs are shared by key groups; a merge replaces a contiguous newest-first segment of the
-    runs still in some chain; a materialization replaces a key group's chain by a base."""
+    runs still in some chain; a materialization replaces a key group's chain by a base. Runs of
+    the earlier format (every replaced key listed) mean the same, merged with either."""
     rng = random.Random(seed)
     universe = [f"k-{i}" for i in range(60)]
     model: Model = {name: {} for name in DECLARED}
@@ -142,6 +162,8 @@ def test_lookups_through_changes_merges_and_bases_match_a_model(seed: int) -> No
         if changed:
             groups = np.array([group_of(k) for k in keys])
             run = changes(before, state.frames(), changed, np.array(keys, dtype=object), groups)
+            if earlier_format and rng.random() < 0.5:
+                run = first_format(run)
             run = decode_run(encode_run(run))
             for group in run.groups():
                 chains[group].insert(0, (seq, run))

@@ -139,7 +139,8 @@ def round_changes(
                 "",
             )
         ) from None
-    return run if any(t.num_rows for t in (run.replaced or {}).values()) else None
+    tables = [*run.rows.values(), *(run.replaced or {}).values()]
+    return run if any(t.num_rows for t in tables) else None
 
 
 def output_file(sink_dir: str, round_id: int, subtask: int) -> str:

@@ -58,7 +58,11 @@ def group_bounds(group: int) -> tuple[np.uint64, np.uint64]:
 @dataclass(frozen=True)
 class Run:
     """Rows per state (a table sorted by ``kh``: kh, key, [user_key], value) and, for a change
-    run, the replaced keys per state (kh, key, sorted by kh); ``replaced is None``: a base."""
+    run, the keys it replaced by no rows per state (kh, key, sorted by kh: deleted, or a list or
+    map emptied); ``replaced is None``: a base. A change run replaces the keys it has rows of and
+    the keys in ``replaced``: the keys with rows are not written twice (a run of value state
+    changes was about twice its entries' bytes). Runs of the first format list every replaced
+    key in ``replaced``, those with rows too, which means the same."""
 
     rows: Mapping[str, pa.Table]
     replaced: Mapping[str, pa.Table] | None = None
@@ -214,20 +218,19 @@ def lookup(
         pending = np.ones(len(unique_keys), dtype=bool)
         parts: list[pa.Table] = []
         for run, live in layers:
-            replaced = (run.replaced or {}).get(name)
-            if replaced is None or not replaced.num_rows:
+            rows, gone = _nonempty(run.rows.get(name)), _nonempty((run.replaced or {}).get(name))
+            if rows is None and gone is None:
                 continue
             asked = pending if live is None else pending & np.isin(key_groups, list(live))
             if not asked.any():
                 continue
             wanted, wanted_keys = _distinct(kh[asked]), pa.array(unique_keys[asked])
-            decided = _take(replaced, wanted, wanted_keys)
-            if not decided.num_rows:
-                continue
-            rows = run.rows.get(name)
-            if rows is not None and rows.num_rows:
-                parts.append(_take(rows, wanted, decided.column("key")))
-            pending[index.get_indexer(decided.column("key").to_numpy(False))] = False
+            for table in (rows, gone):  # the run replaced the keys it has rows of, or lists
+                taken = _take(table, wanted, wanted_keys) if table is not None else None
+                if taken is not None and taken.num_rows:
+                    if table is rows:
+                        parts.append(taken)
+                    pending[index.get_indexer(taken.column("key").to_numpy(False))] = False
             if not pending.any():
                 break
         if pending.any():
@@ -243,6 +246,10 @@ def lookup(
         table = pa.concat_tables(parts, promote_options="permissive") if parts else None
         found[name] = to_series(name, table, descriptor)
     return found
+
+
+def _nonempty(table: pa.Table | None) -> pa.Table | None:
+    return table if table is not None and table.num_rows else None
 
 
 def _distinct(sorted_kh: np.ndarray) -> np.ndarray:
@@ -278,8 +285,12 @@ def changes(
         if row_groups.isna().any():
             raise KeyError(row_keys[row_groups.isna().to_numpy()][0])
         rows[name] = to_table(series, row_groups.to_numpy().astype(np.int64))
-        touched = pd.unique(np.concatenate([_keys(before[name]), row_keys]))
-        replaced[name] = keys_table(touched, group_of.reindex(touched).to_numpy().astype(np.int64))
+        # replaced by no rows: the keys that had rows before and have none after
+        emptied = pd.Index(pd.unique(_keys(before[name]))).difference(pd.Index(row_keys))
+        emptied_keys = np.asarray(emptied, dtype=object)
+        replaced[name] = keys_table(
+            emptied_keys, group_of.reindex(emptied_keys).to_numpy().astype(np.int64)
+        )
     return Run(rows, replaced)
 
 
@@ -310,11 +321,12 @@ def materialize(runs: Sequence[Run], group: int) -> Run:
                 parts.append(part)
             if run.replaced is None:
                 break
-            keys = run.replaced.get(name)
-            if keys is not None and keys.num_rows:
-                decided = decided.union(
-                    pd.Index(_slice(keys, low, high).column("key").to_numpy(False))
-                )
+            # what the run replaced: the keys it has rows of, and those it lists
+            for replaced in (table, run.replaced.get(name)):
+                if replaced is not None and replaced.num_rows:
+                    decided = decided.union(
+                        pd.Index(_slice(replaced, low, high).column("key").to_numpy(False))
+                    )
         if not parts:
             continue
         merged = pa.concat_tables(parts, promote_options="permissive")
@@ -334,7 +346,7 @@ def merge_runs(runs: Sequence[tuple[Run, Collection[int]]]) -> Run:
     """Change runs (newest first, each with the key groups it is live for) as one change run:
     for each key, the newest live run's rows. A run's rows of a key group it is not live for
     (one materialized since) are left out: they may be older than that key group's base."""
-    names = sorted({name for run, _ in runs for name in (run.replaced or {})})
+    names = sorted({name for run, _ in runs for name in [*run.rows, *(run.replaced or {})]})
     rows: dict[str, pa.Table] = {}
     replaced: dict[str, pa.Table] = {}
     for name in names:
@@ -342,26 +354,39 @@ def merge_runs(runs: Sequence[tuple[Run, Collection[int]]]) -> Run:
         kept_rows: list[pa.Table] = []
         kept_keys: list[pa.Table] = []
         for run, live in runs:
-            keys = (run.replaced or {}).get(name)
-            if keys is None or not keys.num_rows:
-                continue
-            keys = keys.filter(_live(keys, live))
-            if len(decided) and keys.num_rows:
-                fresh = pc.invert(pc.is_in(keys.column("key"), value_set=pa.array(decided)))
-                keys = keys.filter(fresh)
-            if not keys.num_rows:
-                continue
-            kept_keys.append(keys)
-            key_set = keys.column("key").combine_chunks()
-            table = run.rows.get(name)
-            if table is not None and table.num_rows:
-                kept_rows.append(table.filter(pc.is_in(table.column("key"), value_set=key_set)))
-            decided = decided.append(pd.Index(key_set.to_numpy(zero_copy_only=False)))
-        if kept_keys:
-            replaced[name] = _sorted(pa.concat_tables(kept_keys, promote_options="permissive"))
+            # the run's rows and its list of keys replaced by none, of the key groups it is
+            # live for, for the keys no newer run replaced
+            fresh = [
+                _fresh(t, live, decided)
+                for t in (run.rows.get(name), (run.replaced or {}).get(name))
+            ]
+            part_rows, part_keys = fresh
+            if part_rows is not None:
+                kept_rows.append(part_rows)
+            if part_keys is not None:
+                kept_keys.append(part_keys)
+            for table in fresh:
+                if table is not None:
+                    keys = pd.unique(table.column("key").to_numpy(zero_copy_only=False))
+                    decided = decided.append(pd.Index(keys))
+        replaced[name] = (
+            _sorted(pa.concat_tables(kept_keys, promote_options="permissive"))
+            if kept_keys
+            else keys_table(np.array([], dtype=object), np.array([], dtype=np.int64))
+        )
         if kept_rows:
             rows[name] = _sorted(pa.concat_tables(kept_rows, promote_options="permissive"))
     return Run(rows, replaced)
+
+
+def _fresh(table: pa.Table | None, live: Collection[int], decided: pd.Index) -> pa.Table | None:
+    """``table``'s rows of key groups in ``live`` and keys not in ``decided`` (None: none)."""
+    if table is None or not table.num_rows:
+        return None
+    table = table.filter(_live(table, live))
+    if len(decided) and table.num_rows:
+        table = table.filter(pc.invert(pc.is_in(table.column("key"), value_set=pa.array(decided))))
+    return table if table.num_rows else None
 
 
 def _live(table: pa.Table, live: Collection[int]) -> pa.Array:
