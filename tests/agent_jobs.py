@@ -99,12 +99,15 @@ class FailingOnce(PaymentStats):
 
 
 class AlwaysFailing(PaymentStats):
-    """Fails every time it sees a payment id at or above ``at_id``."""
+    """Fails every time it sees a payment id at or above ``at_id``; each call takes at least
+    ``slow_ms``."""
 
-    def __init__(self, at_id: int) -> None:
+    def __init__(self, at_id: int, slow_ms: int = 0) -> None:
         self.at_id = at_id
+        self.slow_ms = slow_ms
 
     def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        time.sleep(self.slow_ms / 1000)
         if int(records["id"].max()) >= self.at_id:
             raise RuntimeError(f"scripted failure at payment {self.at_id}, every time")
         return super().process(records, state)

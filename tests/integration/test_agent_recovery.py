@@ -217,8 +217,10 @@ def test_fixed_delay_gives_up_after_its_attempts_and_keeps_the_checkpoints(
         "restart-strategy.fixed-delay.delay": "100ms",
         "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
     }
-    job = build(unique("doomed"), topic, unique("stats"), max_records=100, settings=settings)
-    job = replace(job, function=AlwaysFailing(RECORDS // 2))
+    job = build(unique("doomed"), topic, unique("stats"), max_records=50, settings=settings)
+    # rounds of at least 0.3 s over 200 records: a checkpoint completes before the failure (with
+    # rounds that write only what changed, the job once failed before its first checkpoint)
+    job = replace(job, function=AlwaysFailing(RECORDS // 2, slow_ms=300))
     agent = in_process(job, coordinator, spark)
 
     with pytest.raises(Exception, match="every time"):  # Spark wraps it in its own type
