@@ -2,9 +2,10 @@
 the agent process with SIGKILL the n-th time (default: first) it passes the named point. Points:
 
 - ``mid-batch``: stage 1 of a round fetched records, before stage 2 processed them;
-- ``mid-batch-after-complete``: the same, counting only rounds after a checkpoint completed and
-  once stage 2 wrote key-group state (so a restore finds a checkpoint and the killed run left
-  working state behind, however slow the storage and whatever the rounds' pace);
+- ``mid-batch-after-complete``: the same, counting only rounds once the latest completed
+  checkpoint holds keyed state (incremental checkpoints, the agent's default: so a restore finds
+  state to restore and the killed run left working state behind, however slow the storage and
+  whatever the rounds' pace);
 - ``after-ack``: a checkpoint was acknowledged, before its completion was processed;
 - ``after-complete``: a checkpoint's completion arrived, before the sinks committed its epoch;
 - ``after-complete-in-flight``: the same, counting only checkpoints that persisted in-flight

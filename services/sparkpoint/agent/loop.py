@@ -133,7 +133,10 @@ class JobLoop:
         fetched = self.stages.collect_fetch(wait, parts.source, parts.channels)
         if fetched:
             crash_point("mid-batch")
-            if self.checkpointer.outcomes.completed and parts.backend.chains:
+            # the latest completed checkpoint holds keyed state (its copies are the base of the
+            # next), so a restore finds some: a checkpoint completed before any round wrote
+            # state restored nothing (a clean clone's local-recovery test restored 0 files)
+            if self.checkpointer.outcomes.completed and parts.backend.confirmed:
                 crash_point("mid-batch-after-complete")
         processed = self.stages.collect_process(
             wait, parts.channels, parts.backend, self.segment_files
