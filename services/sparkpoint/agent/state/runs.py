@@ -16,13 +16,7 @@ import pyarrow as pa
 
 from sparkpoint.agent.job import StateDescriptor
 from sparkpoint.agent.state import changelog, local
-from sparkpoint.agent.state.backend import (
-    decode_state,
-    into_place,
-    local_path,
-    read_files,
-    write_file,
-)
+from sparkpoint.agent.state.backend import decode_state, local_path, read_files, write_file
 from sparkpoint.agent.state.changelog import Run
 
 CACHE_FILES = 1024
@@ -138,9 +132,9 @@ def load(
 
 
 def keep_local(local_dir: str, path: str, data: bytes) -> str:
+    """``data`` (the file at ``path``) kept in ``local_dir``; where it lies there."""
     on_disk = local.cached(local_dir, path)
-    with into_place(on_disk) as temporary, open(temporary, "wb") as out:
-        out.write(data)
+    write_file(on_disk, data)  # a local path: written under a temporary name, renamed
     return on_disk
 
 
