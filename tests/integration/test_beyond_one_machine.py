@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import posixpath
 import re
 import subprocess
 import sys
@@ -24,15 +25,23 @@ import pyarrow.parquet as pq
 import pytest
 import s3fs
 
+from sparkpoint.agent.checkpointing.acks import state_handle
+from sparkpoint.agent.checkpointing.copies import SubtaskCopy, copy_snapshot
 from sparkpoint.agent.example import generate, payments, reference_output
 from sparkpoint.agent.job import ValueState
+from sparkpoint.agent.recovery.restore import Restored, take_handle
+from sparkpoint.agent.rounds.channels import SegmentFiles
 from sparkpoint.agent.runtime import Agent, AgentOptions
 from sparkpoint.agent.spark.standalone import StandaloneCluster
 from sparkpoint.agent.state import local, runs
 from sparkpoint.agent.state.backend import read_file
+from sparkpoint.agent.state.books import StateBackend
 from sparkpoint.agent.state.changelog import Run, changes
+from sparkpoint.agent.state.runs import Written
 from sparkpoint.common.avro import EventCodec
-from sparkpoint.common.events import JobStatus
+from sparkpoint.common.events import AcknowledgeCheckpoint, JobStatus, SnapshotType, StateHandleKind
+from sparkpoint.common.keygroups import KeyGroupRange
+from sparkpoint.common.metadata import SnapshotMetadata
 from sparkpoint.common.storage import PathOutsideRoots, Storage
 from tests.agent_jobs import FAST_CHECKPOINTS as FAST
 from tests.agent_jobs import build
@@ -505,6 +514,49 @@ def test_local_recovery_reads_restored_state_from_this_machines_disk_and_not_aft
     assert got == expected, difference(got, expected)
 
 
+def test_file_merging_writes_a_checkpoints_copies_as_one_object_per_subtask_and_restores(
+    coordinator: Running, bucket: str, payments_topic: str, expected: list[Output],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """File merging (FLIP-306) on, state on S3, rounds of 0.1 s, checkpoints every 2 s and key
+    groups materialized every 2 s (many small files: runs and bases): a job SIGKILLed after its
+    second completed checkpoint left in ``shared/`` only merged objects, at most one per subtask and checkpoint;
+    the latest ``_metadata`` names segments of them (offset and state file), several to an
+    object; the restart reads the segments back and the output is exact."""
+    name, output = f"merge-{uuid.uuid4().hex[:8]}", f"stats-{uuid.uuid4().hex[:8]}"
+    settings = {
+        **FAST, "execution.checkpointing.interval": "2s",
+        "execution.checkpointing.file-merging.enabled": "true",
+        "state.changelog.periodic-materialize.interval": "2s",
+    }  # fmt: skip
+    monkeypatch.setenv("TEST_SETTINGS", json.dumps(settings))
+    monkeypatch.setenv("TEST_SLOW_MS", "100")  # rounds of 0.1 s: several runs a checkpoint
+    first = finished(agent(coordinator, bucket, name, payments_topic, output,
+                           crash_at="after-complete:2", max_records=30))  # fmt: skip
+    assert killed(first), first.stderr[-3000:]
+    job_dir = f"{bucket}/checkpoints/{name}"
+    shared = objects(f"{job_dir}/shared")
+    assert shared and all(posixpath.basename(p).startswith("merged-") for p in shared), shared
+    latest = max(p for p in objects(job_dir) if p.endswith("/_metadata"))
+    directory = f"s3://{posixpath.dirname(latest)}"
+    metadata = SnapshotMetadata.from_json(read_file(f"s3://{latest}"), directory)
+    keyed = [
+        h for s in metadata.subtasks for h in s.handles if h.kind is StateHandleKind.KEYED_STATE
+    ]
+    assert keyed and all(h.offset is not None and h.segment for h in keyed), keyed[:3]
+    merged = {h.path.removeprefix("s3://") for h in keyed}
+    assert merged <= set(shared) and len(merged) < len(keyed), "several segments to an object"
+    completed = len([p for p in objects(job_dir) if p.endswith("/_metadata")])
+    assert len(shared) <= 2 * (completed + 1), "one merged object per subtask and checkpoint"
+
+    second = finished(agent(coordinator, bucket, name, payments_topic, output,
+                            "--restore", "latest", max_records=30))  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "restoring from s3://" in second.stderr
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
+
+
 def test_exactly_once_on_s3_through_a_sigkill_at_each_kill_point_in_turn(
     coordinator: Running, bucket: str, payments_topic: str, expected: list[Output],
     monkeypatch: pytest.MonkeyPatch,
@@ -608,3 +660,60 @@ def test_the_workers_memory_holds_at_most_its_budget_of_files_read_whole(
     assert list(runs._CACHE) == paths[-2:], "the oldest went first"
     runs.remember("huge", next(iter(runs._CACHE.values()))[0], budget + 1, budget)
     assert runs.cache_bytes() <= budget and "huge" not in runs._CACHE
+
+
+@pytest.mark.parametrize("where", ["local disk", "S3"])
+def test_file_merging_copies_are_segments_of_one_file_that_restore_as_the_runs_written(
+    where: str, bucket: str, tmp_path: Path, empty_worker_cache: None
+) -> None:
+    """File merging at the level of files: a snapshot's new copies of three runs, the largest
+    above the merged file's limit, are one merged file holding the two small ones in order and
+    a whole copy of the large one. Their handles name the merged file with offsets; the
+    ``_metadata`` written from them and read back gives the same segments, which load as the
+    runs that were written (memory-mapped on local disk, range reads on the store), and the
+    next incremental checkpoint references the segments without copying again."""
+    root = str(tmp_path) if where == "local disk" else f"{bucket}/merging-{uuid.uuid4().hex[:8]}"
+    backend = StateBackend(f"{root}/state")
+    written: dict[str, Run] = {}
+    for seq, keys in enumerate((100, 200, 5000), start=1):
+        asked = backend.subtask_state(range(8), seq, 0, now=0.0)
+        path, run = backend.run_path(seq, 0), a_run(keys, offset=seq)
+        written[path] = run
+        size = runs.write(path, run)
+        backend.install(asked, Written((path, size, tuple(range(8))), None, {}), seq, now=0.0)
+    sizes = sorted(
+        os.path.getsize(p) if where == "local disk" else len(read_file(p)) for p in written
+    )
+    backend.merged_file_bytes = sizes[0] + sizes[1]
+
+    plan = backend.plan(1, range(8), True, f"{root}/chk-1", f"{root}/shared")
+    rest = SubtaskCopy(
+        0, KeyGroupRange(0, 7), f"{root}/chk-1/sink-0.json", {}, [], f"{root}/chk-1", ""
+    )
+    copied = copy_snapshot(plan, rest, backend, SegmentFiles())
+    handles = [state_handle(u) for u, _ in copied.plan]
+    segments = [h for h in handles if h.offset is not None]
+    assert len(segments) == 2 and len({h.path for h in segments}) == 1
+    assert sorted(h.offset for h in segments) == [0, sizes[0]]
+    assert len([h for h in handles if h.offset is None]) == 1, "the large run copied whole"
+    assert len(read_file(segments[0].path)) == sizes[0] + sizes[1]
+
+    codec = EventCodec()  # the acknowledgement as it travels
+    sent = AcknowledgeCheckpoint("job", 1, "keyed-0", 0, 0, handles, 0, 0, 0, 0, 0, False)
+    ack = codec.decode(codec.encode(sent))
+    assert isinstance(ack, AcknowledgeCheckpoint) and ack.state_handles == handles
+    metadata = SnapshotMetadata.from_acknowledgements("job", 1, SnapshotType.CHECKPOINT, 0, [ack])
+    again = SnapshotMetadata.from_json(metadata.to_json(f"{root}/chk-1"), f"{root}/chk-1")
+    restored = Restored(1, f"{root}/chk-1", False)
+    for handle in again.subtasks[0].handles:
+        take_handle(restored, "keyed-0", handle, f"{root}/shared/")
+    assert set(restored.state_files) == {u.path for u, _ in copied.plan}
+    runs._CACHE.clear()
+    loaded = runs.load(dict.fromkeys(restored.state_files), STATE)
+    by_seq = {f.seq: loaded[p] for p, f in restored.state_files.items()}
+    for seq, path in enumerate(written, start=1):
+        assert by_seq[seq].rows["total"].equals(written[path].rows["total"])
+
+    backend.complete(1, is_savepoint=False)
+    reused = backend.plan(2, range(8), True, f"{root}/chk-2", f"{root}/shared")
+    assert [u.path for u, source in reused if source is None] == [u.path for u, _ in copied.plan]

@@ -49,7 +49,8 @@ def test_every_option_of_flink_2x_is_in_the_table() -> None:
 
 def test_options_without_effect_here_are_listed() -> None:
     listed = without_effect(flink_configuration())
-    assert "execution.checkpointing.file-merging.enabled" in listed
+    assert "execution.checkpointing.file-merging.pool-blocking" in listed
+    assert "execution.checkpointing.file-merging.enabled" not in listed  # FLIP-306
     assert "execution.checkpointing.local-backup.enabled" not in listed  # local recovery
     assert "execution.checkpointing.interval" not in listed
     assert all(not OPTIONS[key].takes_effect for key in listed)

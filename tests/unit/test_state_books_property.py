@@ -1,7 +1,8 @@
 """The agent's books of keyed state (`sparkpoint.agent.state.books.StateBackend`, the real class)
 against the coordinator's reference counts, over random sequences of rounds, merges,
 materializations, snapshots, acknowledgements, declines, completion notices, retention changes,
-restores of the latest retained checkpoint and coordinator failovers (seeded).
+restores of the latest retained checkpoint and coordinator failovers (seeded), with file merging
+on or off (on: copies are segments of merged files, which the coordinator counts).
 
 Checked after every step: no retained checkpoint references a copy the coordinator deleted, no
 checkpoint completes on one, the agent deletes no working file that a chain names or a snapshot
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from sparkpoint.agent.state import books
+from sparkpoint.agent.state.backend import physical
 from sparkpoint.agent.state.books import StateBackend, Upload, restored_file
 from sparkpoint.agent.state.runs import Written
 from sparkpoint.common.events import (
@@ -59,6 +61,9 @@ class Agent:
     """Checkpoint -> ``newest`` as its snapshot saw it."""
     holds: dict[str, set[int]] = field(default_factory=dict)
     """File (a working file or its copy) -> the key groups it has rows of."""
+    sent: dict[int, list[str]] = field(default_factory=dict)
+    """Checkpoint -> the copies its acknowledgements named (segments of merged files as the
+    agent reads them; the coordinator is told their merged files)."""
 
     def run_round(self, rng: random.Random) -> None:
         """A round: each subtask's task writes a run of the key groups its records touched, and
@@ -173,7 +178,13 @@ def run(seed: int, monkeypatch: pytest.MonkeyPatch, steps: int = 150) -> None:
                timeout_ms=600_000, tolerable_failed=1_000_000),
         parallelism=2, seed=seed,
     )  # fmt: skip
-    agent = Agent(StateBackend("/work/state", materialize_interval_s=rng.choice([3.0, 60.0])))
+    merging = rng.choice([None, 250])  # file merging: runs of 100 and 300 bytes, bases of 500
+    agent = Agent(
+        StateBackend(
+            "/work/state", materialize_interval_s=rng.choice([3.0, 60.0]),
+            merged_file_bytes=merging,
+        )
+    )  # fmt: skip
     acknowledged: set[str] = set()
     for _ in range(steps):
         pending = sorted(driver.coordinator.pending)
@@ -195,7 +206,8 @@ def run(seed: int, monkeypatch: pytest.MonkeyPatch, steps: int = 150) -> None:
             agent.copied(chosen)
             deleted = set(driver.discarded_files())
             for subtask, uploads in zip(SUBTASKS, agent.planned.pop(chosen), strict=True):
-                files = [u.path for u in uploads]
+                agent.sent.setdefault(chosen, []).extend(u.path for u in uploads)
+                files = [physical(u.path) for u in uploads]
                 driver.acknowledge(ack(chosen, subtask, files, at=driver.now))
                 acknowledged.update(files)
                 if chosen in driver.completed():
@@ -225,7 +237,8 @@ def run(seed: int, monkeypatch: pytest.MonkeyPatch, steps: int = 150) -> None:
             if latest is None:
                 agent.restore(None, ())
             else:
-                agent.restore(latest.checkpoint_id, latest.files)
+                assert {physical(p) for p in agent.sent[latest.checkpoint_id]} == set(latest.files)
+                agent.restore(latest.checkpoint_id, tuple(agent.sent[latest.checkpoint_id]))
         check(driver, agent, deleted_working)
     for chosen in sorted(driver.coordinator.pending):
         driver.decline(decline(chosen, SUBTASKS[0]))

@@ -142,6 +142,7 @@ class AttemptMaker:
             memory_bytes=config.state_memory_bytes,
             local_dir=job_local_dir(config.local_backup_dirs, self.job.id) if remote else None,
             local_backup=config.local_backup,
+            merged_file_bytes=config.file_merging_max_bytes if config.file_merging else None,
         )
 
     def _local_recovery(self, backend: StateBackend, restored: Restored | None) -> None:

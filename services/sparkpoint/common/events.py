@@ -124,6 +124,11 @@ class StateHandle:
     key_group_start: int | None = None
     key_group_end: int | None = None
     shared: bool = False
+    offset: int | None = None
+    """A segment of a merged file (file merging): bytes ``offset`` .. ``offset + size_bytes`` of
+    ``path``; None: the whole file."""
+    segment: str | None = None
+    """The name of the state file the segment holds (its kind, as a whole file's name says)."""
 
 
 @dataclass(frozen=True, slots=True)

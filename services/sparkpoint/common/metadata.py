@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,8 @@ from sparkpoint.common.events import (
 from sparkpoint.common.paths import canonical
 
 FORMAT_VERSION = 2
+SEGMENT_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+"""What the state file of a segment of a merged file may be called (no directory, no ``#``)."""
 NAME = "_metadata"
 
 
@@ -45,6 +48,10 @@ class Handle:
     size: int
     shared: bool = False
     key_groups: tuple[int, int] | None = None
+    offset: int | None = None
+    """A segment of a merged file (file merging): bytes offset .. offset + size of ``path``."""
+    segment: str | None = None
+    """The name of the state file the segment holds."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,7 @@ class SnapshotMetadata:
                         h.path, h.kind, h.size_bytes, h.shared,
                         None if h.key_group_start is None or h.key_group_end is None
                         else (h.key_group_start, h.key_group_end),
+                        h.offset, h.segment,
                     )
                     for h in ack.state_handles
                 ),
@@ -141,6 +149,11 @@ class SnapshotMetadata:
                             "shared": h.shared,
                             "key_groups": list(h.key_groups) if h.key_groups else [None, None],
                         }
+                        | (
+                            {"offset": h.offset, "segment": h.segment}
+                            if h.offset is not None
+                            else {}
+                        )
                         for h in s.handles
                     ],
                 }
@@ -196,9 +209,16 @@ def _handle(raw: dict[str, Any], base: str) -> Handle:
         if isinstance(groups, list) and len(groups) == 2 and None not in groups
         else None
     )
+    offset = raw.get("offset")
+    if offset is not None and not (
+        int(offset) >= 0 and SEGMENT_NAME.fullmatch(str(raw.get("segment")))
+    ):
+        raise ValueError(f"handle {path}: a segment needs an offset >= 0 and a plain file name")
     return Handle(
         path, StateHandleKind[str(raw["kind"])], int(raw.get("size", 0)),
         bool(raw.get("shared", False)), key_groups,
+        None if offset is None else int(offset),
+        None if offset is None else str(raw["segment"]),
     )  # fmt: skip
 
 

@@ -108,6 +108,10 @@ class CheckpointConfig:
     """``execution.checkpointing.local-backup.enabled``."""
     local_backup_dirs: str | None = None
     """``execution.checkpointing.local-backup.dirs``: None, the system's temporary directory."""
+    file_merging: bool = False
+    """``execution.checkpointing.file-merging.enabled`` (FLIP-306)."""
+    file_merging_max_bytes: int = 32 << 20
+    """``execution.checkpointing.file-merging.max-file-size``."""
     periodic_savepoint_num_retained: int = 3
     """FLIP-10 bounds the periodic savepoints kept without naming a default; three covers the
     last few intervals without letting a forgotten job fill its savepoint directory."""
@@ -119,6 +123,11 @@ class CheckpointConfig:
             raise ConfigError(
                 "state.backend.memory.fixed-per-slot",
                 f"must be at least 1 mb, got {self.state_memory_bytes} bytes",
+            )
+        if self.file_merging_max_bytes < 1:
+            raise ConfigError(
+                PREFIX + "file-merging.max-file-size",
+                f"must be > 0, got {self.file_merging_max_bytes} bytes",
             )
         if self.materialize_interval_ms <= 0:
             raise ConfigError(

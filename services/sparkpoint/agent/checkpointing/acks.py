@@ -15,7 +15,8 @@ from typing import Any
 
 from sparkpoint.agent.checkpointing.pending import Copy, PendingSnapshot, now_ms, split_done
 from sparkpoint.agent.faults import crash_point
-from sparkpoint.agent.state.backend import delete_files
+from sparkpoint.agent.state.backend import delete_files, split_segment
+from sparkpoint.agent.state.books import Upload
 from sparkpoint.common.events import (
     AcknowledgeCheckpoint,
     CheckpointFailureReason,
@@ -93,10 +94,7 @@ class Acknowledgements:
             self.decline(pending, subtask, reason, str(error))
             return
         copied = copy.future.result()
-        handles = [
-            StateHandle(u.path, StateHandleKind.KEYED_STATE, u.size, u.first, u.last, u.shared)
-            for u, _ in copied.plan
-        ]
+        handles = [state_handle(u) for u, _ in copied.plan]
         manifest = f"{pending.trigger.target_location}/sink-{copy.subtask}.json"
         handles.append(StateHandle(manifest, StateHandleKind.SINK_EPOCH, 0))
         persisted = copied.persisted
@@ -140,3 +138,19 @@ class Acknowledgements:
         self.declined.append(pending.checkpoint_id)
         self.publisher.publish_nowait(ACKS, self.job_id, decline)
         self.publisher.producer.poll(0)
+
+
+def state_handle(upload: Upload) -> StateHandle:
+    """A keyed state file's handle: the file, or with file merging the merged file, the
+    segment's offset and the state file's name (the coordinator counts the merged file)."""
+    span = split_segment(upload.path)
+    if span is None:
+        return StateHandle(
+            upload.path, StateHandleKind.KEYED_STATE, upload.size, upload.first, upload.last,
+            upload.shared,
+        )  # fmt: skip
+    path, offset, _, name = span
+    return StateHandle(
+        path, StateHandleKind.KEYED_STATE, upload.size, upload.first, upload.last, upload.shared,
+        offset, name,
+    )  # fmt: skip

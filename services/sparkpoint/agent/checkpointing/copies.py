@@ -5,6 +5,7 @@ state; and the copies of staged output that make a savepoint self-contained."""
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,7 +13,16 @@ from dataclasses import dataclass
 from sparkpoint.agent.checkpointing.pending import Copied, Plan
 from sparkpoint.agent.recovery import channel_state
 from sparkpoint.agent.rounds.channels import Segment, SegmentFiles
-from sparkpoint.agent.state.backend import copy_file, delete_files, link_or_copy_all, write_file
+from sparkpoint.agent.state import local
+from sparkpoint.agent.state.backend import (
+    copy_file,
+    delete_files,
+    link_or_copy_all,
+    read_file,
+    read_files,
+    split_segment,
+    write_file,
+)
 from sparkpoint.agent.state.books import StateBackend, Upload
 from sparkpoint.agent.state.runs import SubtaskState
 from sparkpoint.common.events import StateHandle
@@ -50,13 +60,33 @@ def copy_snapshot(
     """The asynchronous phase of a subtask's snapshot: its new state files copied. What it
     pinned (state files, in-flight segments) is released."""
     try:
+        copies = [(source, upload.path) for upload, source in plan if source]
         # immutable files: linked where storage allows, on an object store copied together
-        link_or_copy_all((source, upload.path) for upload, source in plan if source)
+        link_or_copy_all(p for p in copies if split_segment(p[1]) is None)
+        write_merged([p for p in copies if split_segment(p[1]) is not None], backend.local_dir)
         backend.keep_local((source, u.path) for u, source in plan if source and u.shared)
         return Copied(plan, *rest.write())
     finally:
         backend.release(s for _, s in plan)
         segment_files.release(s.path for s in rest.in_flight)
+
+
+def write_merged(copies: list[tuple[str, str]], local_dir: str | None) -> None:
+    """File merging: each (source, `segment`) copied into its merged file, every merged file
+    written whole at once (one PUT on an object store), its segments in order. A source on an
+    object store is read from its local copy where this machine has one."""
+    merged: dict[str, list[tuple[int, str]]] = {}
+    for source, copy in copies:
+        span = split_segment(copy)
+        assert span is not None
+        merged.setdefault(span[0], []).append((span[1], source))
+    for path, parts in merged.items():
+        sources = [source for _, source in sorted(parts)]
+        nearby = {s: local.cached(local_dir, s) for s in sources if local_dir is not None}
+        on_disk = {s: p for s, p in nearby.items() if os.path.exists(p)}
+        data = read_files(s for s in sources if s not in on_disk)
+        data |= {s: read_file(p) for s, p in on_disk.items()}
+        write_file(path, b"".join(data[s] for s in sources))
 
 
 Fold = Callable[[SubtaskState], dict[int, int]]

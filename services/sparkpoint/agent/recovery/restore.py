@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from fsspec.core import url_to_fs
 
 from sparkpoint.agent.recovery.channel_state import ChannelStateFile, read_manifest
-from sparkpoint.agent.state.backend import job_dirs, read_file
+from sparkpoint.agent.state.backend import job_dirs, physical, read_file, segment
 from sparkpoint.agent.state.books import StateFile, restored_file
 from sparkpoint.common.events import CheckpointStoreRecord, StateHandleKind
 from sparkpoint.common.metadata import BadMetadata, Handle, SnapshotMetadata
@@ -106,7 +106,7 @@ def load(
         for handle in subtask.handles:
             all_shared &= take_handle(restored, subtask.subtask_id, handle, shared_prefix)
     restored.shared = bool(restored.state_files) and all_shared and not restored.is_savepoint
-    missing = missing_files(set(restored.state_files))
+    missing = missing_files({physical(path) for path in restored.state_files})
     missing += missing_files({f.path for f in restored.channel_state})
     if missing:
         raise NoCheckpoint(
@@ -149,7 +149,10 @@ def take_handle(restored: Restored, subtask_id: str, handle: Handle, shared_pref
     is not one of the job's shared incremental files."""
     if handle.kind is StateHandleKind.KEYED_STATE and handle.key_groups is not None:
         start, end = handle.key_groups
-        restored.state_files[handle.path] = restored_file(handle.path, handle.size, start, end)
+        path = handle.path
+        if handle.offset is not None and handle.segment is not None:  # in a merged file
+            path = segment(path, handle.offset, handle.size, handle.segment)
+        restored.state_files[path] = restored_file(path, handle.size, start, end)
         return handle.path.startswith(shared_prefix)
     if handle.kind is StateHandleKind.SOURCE_POSITIONS:
         positions, ended = source_snapshot(json.loads(read_file(handle.path)))

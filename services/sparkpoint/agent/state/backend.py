@@ -104,6 +104,31 @@ def map_index(keys: np.ndarray, user_keys: np.ndarray) -> pd.MultiIndex:
     )
 
 
+# --- segments of merged files (file merging, FLIP-306) ------------------------------------------
+
+
+def segment(path: str, offset: int, length: int, name: str) -> str:
+    """Where a state file lies inside a merged file: ``<path>#<offset>+<length>/<name>``, read
+    wherever a path is (`read_file`, `read_files`); its base name is the state file's own."""
+    return f"{path}#{offset}+{length}/{name}"
+
+
+def split_segment(locator: str) -> tuple[str, int, int, str] | None:
+    """(merged file, offset, length, name) of a `segment`; None for a whole file's path."""
+    path, mark, rest = locator.rpartition("#")
+    if not mark:
+        return None
+    span, _, name = rest.partition("/")
+    offset, _, length = span.partition("+")
+    return path, int(offset), int(length), name
+
+
+def physical(locator: str) -> str:
+    """The file a path or `segment` lies in."""
+    found = split_segment(locator)
+    return locator if found is None else found[0]
+
+
 def local_path(url: str) -> str | None:
     """The file system path of a local URL (a plain path or ``file://``), else None. Stage 2
     reads and writes a file per key group and round: on local disk, plain file calls cost a
@@ -182,26 +207,43 @@ def read_table(path: str, memory_map: bool = True) -> tuple[pa.Table, int]:
 
 
 def read_file(path: str) -> bytes:
-    local = local_path(path)
+    """A whole file, or a `segment` of a merged one."""
+    found = split_segment(path)
+    start, end = (0, None) if found is None else (found[1], found[1] + found[2])
+    name = path if found is None else found[0]
+    local = local_path(name)
     if local is not None:
         with open(local, "rb") as source:
-            return source.read()
-    fs, target = fsspec.core.url_to_fs(path)
-    data: bytes = fs.cat_file(target)  # on S3 a HEAD for the size, then one GET
+            source.seek(start)
+            return source.read() if end is None else source.read(end - start)
+    fs, target = fsspec.core.url_to_fs(name)
+    data: bytes = fs.cat_file(target, start, end)  # on S3 a HEAD for the size, then one GET
     return data
 
 
 def read_files(paths: Iterable[str]) -> dict[str, bytes]:
-    """Whole files by path, files that are never empty (Arrow streams). On local disk they are
-    read one after another; elsewhere each file system gets one fsspec ``cat_ranges`` of its
-    paths, each from byte 0 to its end: on an object store the GETs are in flight together and
-    none asks for the size first (`read_file` asks, and waits a round trip per file). Paths are
-    taken as they are, never as glob patterns."""
-    local, remote = by_file_system(paths)
-    found = {path: read_file(path) for path in local}
-    for fs, targets in remote:
-        data = fs.cat_ranges(list(targets), 0, None, on_error="raise")
-        found.update(zip(targets.values(), data, strict=True))
+    """Whole files (or `segment` s of merged ones) by path, files that are never empty (Arrow
+    streams). On local disk they are read one after another; elsewhere each file system gets
+    one fsspec ``cat_ranges`` of its paths, each from its start to its end: on an object store
+    the GETs are in flight together and none asks for the size first (`read_file` asks, and
+    waits a round trip per file). Paths are taken as they are, never as glob patterns."""
+    found: dict[str, bytes] = {}
+    remote: dict[int, tuple[fsspec.AbstractFileSystem, list[tuple[str, str, int, int | None]]]] = {}
+    for path in paths:
+        span = split_segment(path)
+        name, start, end = (
+            (path, 0, None) if span is None else (span[0], span[1], span[1] + span[2])
+        )
+        if local_path(name) is not None:
+            found[path] = read_file(path)
+            continue
+        fs, target = fsspec.core.url_to_fs(name)
+        remote.setdefault(id(fs), (fs, []))[1].append((path, target, start, end))
+    for fs, reads in remote.values():
+        data = fs.cat_ranges(
+            [r[1] for r in reads], [r[2] for r in reads], [r[3] for r in reads], on_error="raise"
+        )
+        found.update(zip((r[0] for r in reads), data, strict=True))
     return found
 
 

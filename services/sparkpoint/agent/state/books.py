@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkpoint.agent.state import local
-from sparkpoint.agent.state.backend import delete_files
+from sparkpoint.agent.state.backend import delete_files, segment
 from sparkpoint.agent.state.runs import CACHE_BYTES, SubtaskState, Written
 
 FAN_IN = 8
@@ -168,6 +168,10 @@ class StateBackend:
     """Where tasks keep local copies of files on an object store (state/local.py)."""
     local_backup: bool = False
     """``execution.checkpointing.local-backup.enabled``: checkpoint copies kept locally too."""
+    merged_file_bytes: int | None = None
+    """File merging (``execution.checkpointing.file-merging.*``): a snapshot's new copies of one
+    subtask go into merged files of at most this many bytes, each copy a `segment` of one;
+    None: a file per copy."""
     confirmed: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Working file -> (its shared copy, size) as of the last completed checkpoint."""
     materialized: dict[int, float] = field(default_factory=dict)
@@ -313,21 +317,43 @@ class StateBackend:
         with self._lock:
             proposed = self._proposed.setdefault(checkpoint_id, {})
             files = {f.path: f for g, c in self.chains.items() if g in groups for f in c.durable()}
+            new: list[StateFile] = []
             for path, f in sorted(files.items()):
                 made = proposed.get(path)
                 confirmed = self.confirmed.get(path) if incremental else None
                 if made is None and confirmed is not None:
                     made = (*confirmed, True)
-                if made is not None:
-                    copy, size, shared = made
-                    plan.append((Upload(f.first, f.last, copy, size, shared, False), None))
-                    proposed[path] = made
+                if made is None:
+                    new.append(f)
                     continue
-                copy = f"{shared_dir if incremental else target}/{f.copy_name()}"
-                plan.append((Upload(f.first, f.last, copy, f.size, incremental, True), path))
-                self._pins[path] += 1
-                proposed[path] = (copy, f.size, incremental)
+                copy, size, shared = made
+                plan.append((Upload(f.first, f.last, copy, size, shared, False), None))
+                proposed[path] = made
+            copies = self.copy_paths(new, shared_dir if incremental else target)
+            for f in new:
+                upload = Upload(f.first, f.last, copies[f.path], f.size, incremental, True)
+                plan.append((upload, f.path))
+                self._pins[f.path] += 1
+                proposed[f.path] = (upload.path, f.size, incremental)
         return plan
+
+    def copy_paths(self, files: list[StateFile], directory: str) -> dict[str, str]:
+        """Where each of ``files`` is copied in ``directory``: a file of its own, or with file
+        merging a `segment` of a merged file (filled in order up to `merged_file_bytes`; a
+        larger file stays whole), which a snapshot's copy writes at once."""
+        limit = self.merged_file_bytes
+        paths: dict[str, str] = {}
+        merged, offset = "", 0
+        for f in files:
+            name = f.copy_name()
+            if limit is None or f.size > limit:
+                paths[f.path] = f"{directory}/{name}"
+                continue
+            if not merged or offset + f.size > limit:
+                merged, offset = f"{directory}/merged-{uuid.uuid4().hex}.arrows", 0
+            paths[f.path] = segment(merged, offset, f.size, name)
+            offset += f.size
+        return paths
 
     def canonical(self, groups: Container[int], target: str) -> tuple[SubtaskState, list[str]]:
         """A canonical savepoint of ``groups``: each key group's chain to be folded into one base

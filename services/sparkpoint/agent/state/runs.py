@@ -16,7 +16,13 @@ import pyarrow as pa
 
 from sparkpoint.agent.job import StateDescriptor
 from sparkpoint.agent.state import changelog, local
-from sparkpoint.agent.state.backend import decode_state, local_path, read_files, write_file
+from sparkpoint.agent.state.backend import (
+    decode_state,
+    local_path,
+    read_files,
+    split_segment,
+    write_file,
+)
 from sparkpoint.agent.state.changelog import Run
 
 CACHE_FILES = 1024
@@ -104,12 +110,17 @@ def load(
             found[path] = entry[0]
     mapped: dict[str, str] = {}
     for path, legacy_group in missing.items():
-        on_disk = local_path(path)
+        span = split_segment(path)
+        on_disk = local_path(path if span is None else span[0])
+        if span is not None and on_disk is not None and legacy_group is None:
+            found[path] = changelog.decode_run(mapped_segment(on_disk, span[1], span[2]))
+            remember(path, found[path], 0, budget)
+            continue
         if on_disk is None and local_dir is not None:
             on_disk = local.cached(local_dir, path)
         if legacy_group is None and on_disk is not None and os.path.exists(on_disk):
             mapped[path] = on_disk
-    remote = [p for p in missing if p not in mapped]
+    remote = [p for p in missing if p not in mapped and p not in found]
     for path, data in read_files(remote).items():
         DOWNLOADED[0] += 1
         DOWNLOADED[1] += len(data)
@@ -129,6 +140,13 @@ def load(
         remember(path, run, 0, budget)
         found[path] = run
     return found
+
+
+def mapped_segment(on_disk: str, offset: int, length: int) -> pa.Buffer:
+    """Bytes ``offset`` .. ``offset + length`` of a local merged file, memory-mapped."""
+    source = pa.memory_map(on_disk)
+    source.seek(offset)
+    return source.read_buffer(length)
 
 
 def keep_local(local_dir: str, path: str, data: bytes) -> str:

@@ -45,6 +45,7 @@ from sparkpoint.common.limits import (
     MAX_TEXT,
     job_id_problem,
 )
+from sparkpoint.common.metadata import SEGMENT_NAME
 from sparkpoint.common.paths import canonical
 from sparkpoint.common.settings import CheckpointConfig, ConfigError
 
@@ -256,6 +257,10 @@ def ack_problem(
     for handle in ack.state_handles:
         if not 0 <= handle.size_bytes <= MAX_ID:
             return f"state handle {_short(handle.path)} has size {handle.size_bytes}"
+        if handle.offset is not None and not (
+            0 <= handle.offset <= MAX_ID and SEGMENT_NAME.fullmatch(handle.segment or "")
+        ):
+            return f"state handle {_short(handle.path)}: a segment needs an offset >= 0 and a plain file name"
         path = handle.path
         if not path.startswith(allowed) or canonical(path) != path:
             return f"state handle {_short(path)} lies outside {location} and {job_dir}/shared (or is not an absolute path in canonical form)"
