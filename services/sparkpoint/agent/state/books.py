@@ -26,7 +26,9 @@ the agent, which deletes one once no chain names it and no snapshot copies from 
 copies belong to the coordinator, which counts references and deletes a copy when no retained
 checkpoint needs it. An incremental checkpoint copies the files written since the last
 *completed* checkpoint and references the copies it made before; a full checkpoint or a savepoint
-copies every file into its own directory.
+copies every file into its own directory. With file merging (FLIP-306, `copy_paths`), a
+snapshot's new copies of one subtask are segments of one merged file; the coordinator counts the
+merged file, which goes when no retained checkpoint names any of its segments.
 """
 
 from __future__ import annotations
