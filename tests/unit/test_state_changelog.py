@@ -268,3 +268,39 @@ def test_a_merge_leaves_out_what_a_key_groups_base_already_holds() -> None:
     keys = np.array(["k-1", "k-2", "k-9"], dtype=object)
     found = lookup([(merged, {1, 2})], [base_1], keys, np.array([1, 2, 1]), declared)
     assert found["total"].to_dict() == {"k-1": 11, "k-2": 21, "k-9": 30}
+
+
+def test_merges_and_bases_keep_each_key_of_a_colliding_position_from_its_newest_run() -> None:
+    """Keys "b" and "c" share a position (their hashes collide), and so do "x" and "y": a merge
+    and a materialization decide per position in one sort, then per key where keys collide.
+    The newer run has "b" and replaces "x" by nothing; the older has "c", "b", "x" and "y" (two
+    rows of "y", a list kept in order): "c", "y" and the newer "b" survive, "x" is gone."""
+
+    def table(kh: list[int], keys: list[str], values: list[int]) -> pa.Table:
+        return pa.table(
+            {
+                KH: pa.array(np.array(kh, dtype=np.uint64)),
+                "key": pa.array(keys),
+                "value": pa.array(values, pa.int64()),
+            }
+        )
+
+    def no_keys() -> pa.Table:
+        return pa.table({KH: pa.array([], pa.uint64()), "key": pa.array([], pa.string())})
+
+    newer = Run(
+        {"s": table([7], ["b"], [2])},
+        {"s": pa.table({KH: pa.array(np.array([9], dtype=np.uint64)), "key": pa.array(["x"])})},
+    )
+    older = Run(
+        {"s": table([7, 7, 9, 9, 9], ["c", "b", "x", "y", "y"], [30, 1, 40, 50, 51])},
+        {"s": no_keys()},
+    )
+    merged = merge_runs([(newer, {0}), (older, {0})])
+    rows = merged.rows["s"]
+    pairs = zip(rows.column("key").to_pylist(), rows.column("value").to_pylist(), strict=True)
+    assert sorted(pairs) == [("b", 2), ("c", 30), ("y", 50), ("y", 51)]
+    assert merged.replaced is not None and merged.replaced["s"].column("key").to_pylist() == ["x"]
+    base = materialize([newer, older], 0)
+    assert base.rows["s"].column("key").to_pylist() == ["b", "c", "y", "y"]
+    assert base.rows["s"].column("value").to_pylist() == [2, 30, 50, 51]

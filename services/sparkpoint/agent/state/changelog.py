@@ -308,31 +308,18 @@ def materialize(runs: Sequence[Run], group: int) -> Run:
     }
     rows: dict[str, pa.Table] = {}
     for name in sorted(names):
-        decided = pd.Index([], dtype=object)
-        parts: list[pa.Table] = []
+        parts: list[pa.Table | None] = []
         for run in runs:
             table = run.rows.get(name)
-            if table is not None and table.num_rows:
-                part = _slice(table, low, high)
-                if len(decided):
-                    part = part.filter(
-                        pc.invert(pc.is_in(part.column("key"), value_set=pa.array(decided)))
-                    )
-                parts.append(part)
+            parts.append(None if table is None else _slice(table, low, high))
             if run.replaced is None:
                 break
-            # what the run replaced: the keys it has rows of, and those it lists
-            for replaced in (table, run.replaced.get(name)):
-                if replaced is not None and replaced.num_rows:
-                    decided = decided.union(
-                        pd.Index(_slice(replaced, low, high).column("key").to_numpy(False))
-                    )
-        if not parts:
-            continue
-        merged = pa.concat_tables(parts, promote_options="permissive")
-        if merged.num_rows:
-            order = np.argsort(_kh(merged), kind="stable")
-            rows[name] = merged.take(pa.array(order))
+            keys = run.replaced.get(name)
+            parts.append(None if keys is None else _slice(keys, low, high))
+        kept = _newest(parts)
+        found = [p for i, p in enumerate(kept) if i % 2 == 0 and p is not None]
+        if found:
+            rows[name] = _sorted(pa.concat_tables(found, promote_options="permissive"))
     return Run(rows)
 
 
@@ -350,25 +337,13 @@ def merge_runs(runs: Sequence[tuple[Run, Collection[int]]]) -> Run:
     rows: dict[str, pa.Table] = {}
     replaced: dict[str, pa.Table] = {}
     for name in names:
-        decided = pd.Index([], dtype=object)
-        kept_rows: list[pa.Table] = []
-        kept_keys: list[pa.Table] = []
+        parts: list[pa.Table | None] = []
         for run, live in runs:
-            # the run's rows and its list of keys replaced by none, of the key groups it is
-            # live for, for the keys no newer run replaced
-            fresh = [
-                _fresh(t, live, decided)
-                for t in (run.rows.get(name), (run.replaced or {}).get(name))
-            ]
-            part_rows, part_keys = fresh
-            if part_rows is not None:
-                kept_rows.append(part_rows)
-            if part_keys is not None:
-                kept_keys.append(part_keys)
-            for table in fresh:
-                if table is not None:
-                    keys = pd.unique(table.column("key").to_numpy(zero_copy_only=False))
-                    decided = decided.append(pd.Index(keys))
+            for table in (run.rows.get(name), (run.replaced or {}).get(name)):
+                parts.append(None if table is None else table.filter(_live(table, live)))
+        kept = _newest(parts)
+        kept_rows = [p for i, p in enumerate(kept) if i % 2 == 0 and p is not None]
+        kept_keys = [p for i, p in enumerate(kept) if i % 2 == 1 and p is not None]
         replaced[name] = (
             _sorted(pa.concat_tables(kept_keys, promote_options="permissive"))
             if kept_keys
@@ -379,14 +354,61 @@ def merge_runs(runs: Sequence[tuple[Run, Collection[int]]]) -> Run:
     return Run(rows, replaced)
 
 
-def _fresh(table: pa.Table | None, live: Collection[int], decided: pd.Index) -> pa.Table | None:
-    """``table``'s rows of key groups in ``live`` and keys not in ``decided`` (None: none)."""
-    if table is None or not table.num_rows:
-        return None
-    table = table.filter(_live(table, live))
-    if len(decided) and table.num_rows:
-        table = table.filter(pc.invert(pc.is_in(table.column("key"), value_set=pa.array(decided))))
-    return table if table.num_rows else None
+def _newest(parts: Sequence[pa.Table | None]) -> list[pa.Table | None]:
+    """``parts`` (tables with ``kh`` and ``key`` columns, newest first) with each key's rows
+    kept in the first part that has it and dropped from the later ones (None: a part left with
+    no rows). Decided on the 64-bit ``kh`` in one sort over every part (a key's rows lie
+    together in kh order); where two keys share a kh (a hash collision, rare), by the keys."""
+    present = [(i, p) for i, p in enumerate(parts) if p is not None and p.num_rows]
+    kept: list[pa.Table | None] = [None] * len(parts)
+    if len(present) <= 1:
+        for i, p in present:
+            kept[i] = p
+        return kept
+    kh = np.concatenate([_kh(p) for _, p in present])
+    rank = np.repeat(np.arange(len(present)), [p.num_rows for _, p in present])
+    order = np.argsort(kh, kind="stable")  # within a kh, in part order: newest first
+    sorted_kh = kh[order]
+    starts = np.flatnonzero(np.r_[True, sorted_kh[1:] != sorted_kh[:-1]])
+    first = starts[np.cumsum(np.r_[True, sorted_kh[1:] != sorted_kh[:-1]]) - 1]
+    keep_sorted = rank[order] == rank[order][first]
+    later = np.flatnonzero(first != np.arange(len(order)))
+    if len(later):  # rows sharing a kh with an earlier row: the same key, unless a collision
+        keys = pa.chunked_array(
+            [p.column("key").combine_chunks() for _, p in present]
+        ).combine_chunks()
+        same = pc.equal(
+            keys.take(pa.array(order[later])), keys.take(pa.array(order[first[later]]))
+        ).to_numpy(zero_copy_only=False)
+        if not same.all():
+            _collisions(keys, order, first, rank, keep_sorted, later[~same])
+    keep = np.empty(len(order), dtype=bool)
+    keep[order] = keep_sorted
+    offset = 0
+    for i, part in present:
+        mask = keep[offset : offset + part.num_rows]
+        offset += part.num_rows
+        if mask.all():
+            kept[i] = part
+        elif mask.any():
+            kept[i] = part.filter(pa.array(mask))
+    return kept
+
+
+def _collisions(
+    keys: pa.Array, order: np.ndarray, first: np.ndarray, rank: np.ndarray,
+    keep_sorted: np.ndarray, colliding: np.ndarray,
+) -> None:  # fmt: skip
+    """For each kh where keys collide: each key kept in the first part that has it."""
+    for start in np.unique(first[colliding]):
+        end = start + 1
+        while end < len(order) and first[end] == start:
+            end += 1
+        newest: dict[object, int] = {}
+        for at in range(start, end):
+            key = keys[int(order[at])].as_py()
+            newest.setdefault(key, int(rank[order[at]]))
+            keep_sorted[at] = newest[key] == rank[order[at]]
 
 
 def _live(table: pa.Table, live: Collection[int]) -> pa.Array:
