@@ -697,6 +697,8 @@ def test_file_merging_copies_are_segments_of_one_file_that_restore_as_the_runs_w
     assert sorted(h.offset for h in segments) == [0, sizes[0]]
     assert len([h for h in handles if h.offset is None]) == 1, "the large run copied whole"
     assert len(read_file(segments[0].path)) == sizes[0] + sizes[1]
+    whole = next(h.path for h in handles if h.offset is None)
+    assert sorted(copied.new_files()) == sorted([segments[0].path, whole]), "what an abort deletes"
 
     codec = EventCodec()  # the acknowledgement as it travels
     sent = AcknowledgeCheckpoint("job", 1, "keyed-0", 0, 0, handles, 0, 0, 0, 0, 0, False)

@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from sparkpoint.agent.checkpointing.barriers import BarrierState, Snapshotted
+from sparkpoint.agent.state.backend import physical
 from sparkpoint.agent.state.books import Upload
 from sparkpoint.common.events import StateHandle, TriggerCheckpoint
 
@@ -31,7 +32,8 @@ class Copied:
     persisted: int = 0
 
     def new_files(self) -> list[str]:
-        return [upload.path for upload, source in self.plan if source is not None]
+        """The files this snapshot wrote (a merged file once, however many segments it holds)."""
+        return list(dict.fromkeys(physical(u.path) for u, source in self.plan if source))
 
 
 @dataclass
