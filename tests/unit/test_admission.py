@@ -4,6 +4,7 @@ acknowledgements whose files must lie in the checkpoint's own places."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -18,6 +19,7 @@ from sparkpoint.common.events import (
     Subtask,
 )
 from sparkpoint.common.limits import LEASE_TIMEOUT_MS
+from sparkpoint.common.metadata import BadMetadata, SnapshotMetadata
 from sparkpoint.coordinator.core.admission import (
     Holder,
     Refusal,
@@ -251,3 +253,41 @@ def test_an_acknowledgement_of_an_unknown_checkpoint_is_refused() -> None:
 )
 def test_implausible_values_refuse_the_acknowledgement(changes: dict[str, object]) -> None:
     assert ack_problem_of(ack_with(f"{LOCATION}/x", **changes)) is not None
+
+
+@pytest.mark.parametrize(
+    ("offset", "segment", "refused"),
+    [
+        (0, "run-00000-00063-000000000001-l0-ab.arrow", False),
+        (4096, "base-00005-000000000301-cd.arrow", False),
+        (-1, "run-1.arrow", True),
+        (0, None, True),
+        (0, "../../elsewhere.arrow", True),
+        (0, "a#0+1/b.arrow", True),
+    ],
+)
+def test_a_segment_of_a_merged_file_needs_an_offset_and_a_plain_file_name(
+    offset: int, segment: str | None, refused: bool
+) -> None:
+    """File merging: a handle of a segment names the merged file (in shared/), where the
+    segment starts and the state file it holds; the same rule holds for a ``_metadata``."""
+    handle = StateHandle(
+        f"{JOB_DIR}/shared/merged-1.arrows", StateHandleKind.KEYED_STATE, 10, 0, 7, True,
+        offset, segment,
+    )  # fmt: skip
+    ack = replace(factories.acknowledge(), state_handles=[handle])
+    assert (ack_problem_of(ack) is not None) == refused
+    raw = {
+        "subtask_id": "keyed-0",
+        "state_handles": [
+            {"path": handle.path, "kind": "KEYED_STATE", "size": 10, "shared": True,
+             "key_groups": [0, 7], "offset": offset, "segment": segment}
+        ],
+    }  # fmt: skip
+    document = json.dumps({"job_id": "j", "checkpoint_id": 1, "subtasks": [raw]})
+    if refused:
+        with pytest.raises(BadMetadata, match="segment"):
+            SnapshotMetadata.from_json(document, JOB_DIR)
+    else:
+        read = SnapshotMetadata.from_json(document, JOB_DIR).subtasks[0].handles[0]
+        assert (read.path, read.offset, read.segment) == (handle.path, offset, segment)

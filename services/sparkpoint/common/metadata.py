@@ -210,15 +210,16 @@ def _handle(raw: dict[str, Any], base: str) -> Handle:
         else None
     )
     offset = raw.get("offset")
+    segment = raw.get("segment")
     if offset is not None and not (
-        int(offset) >= 0 and SEGMENT_NAME.fullmatch(str(raw.get("segment")))
+        int(offset) >= 0 and isinstance(segment, str) and SEGMENT_NAME.fullmatch(segment)
     ):
         raise ValueError(f"handle {path}: a segment needs an offset >= 0 and a plain file name")
     return Handle(
         path, StateHandleKind[str(raw["kind"])], int(raw.get("size", 0)),
         bool(raw.get("shared", False)), key_groups,
         None if offset is None else int(offset),
-        None if offset is None else str(raw["segment"]),
+        None if offset is None else segment,
     )  # fmt: skip
 
 
