@@ -451,10 +451,11 @@ def test_a_flink_configuration_with_every_2x_option_starts_and_lists_those_witho
     job = build(unique("flink-conf"), topic, output, settings={k: str(v) for k, v in flink.items()})
     status, agent = run_in_process(job, coordinator, spark)
     assert status is JobStatus.FINISHED
-    assert "execution.checkpointing.file-merging.enabled" in agent.no_effect
+    assert "execution.checkpointing.file-merging.pool-blocking" in agent.no_effect
+    assert "execution.checkpointing.file-merging.enabled" not in agent.no_effect  # FLIP-306
     with coordinator.client() as client:
         config = client.get(f"/jobs/{job.id}/config").json()
-    assert "execution.checkpointing.file-merging.enabled" in config["sparkpoint"]["no_effect"]
+    assert "execution.checkpointing.file-merging.pool-blocking" in config["sparkpoint"]["no_effect"]
     assert config["execution-config"]["restart-strategy"].startswith("Restart with exponential")
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
