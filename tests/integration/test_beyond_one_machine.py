@@ -520,9 +520,11 @@ def test_file_merging_writes_a_checkpoints_copies_as_one_object_per_subtask_and_
 ) -> None:  # fmt: skip
     """File merging (FLIP-306) on, state on S3, rounds of 0.1 s, checkpoints every 2 s and key
     groups materialized every 2 s (many small files: runs and bases): a job SIGKILLed after its
-    second completed checkpoint left in ``shared/`` only merged objects, at most one per subtask and checkpoint;
-    the latest ``_metadata`` names segments of them (offset and state file), several to an
-    object; the restart reads the segments back and the output is exact."""
+    second completed checkpoint left in ``shared/`` only merged objects, at most one per subtask
+    and checkpoint; the latest ``_metadata`` names segments of them (offset and state file), each
+    inside its object; the restart reads the segments back and the output is exact. (How many
+    segments an object holds depends on how many rounds a checkpoint saw, which a loaded machine
+    changes: the file-level test below fills one with several.)"""
     name, output = f"merge-{uuid.uuid4().hex[:8]}", f"stats-{uuid.uuid4().hex[:8]}"
     settings = {
         **FAST, "execution.checkpointing.interval": "2s",
@@ -544,10 +546,13 @@ def test_file_merging_writes_a_checkpoints_copies_as_one_object_per_subtask_and_
         h for s in metadata.subtasks for h in s.handles if h.kind is StateHandleKind.KEYED_STATE
     ]
     assert keyed and all(h.offset is not None and h.segment for h in keyed), keyed[:3]
-    merged = {h.path.removeprefix("s3://") for h in keyed}
-    assert merged <= set(shared) and len(merged) < len(keyed), "several segments to an object"
-    completed = len([p for p in objects(job_dir) if p.endswith("/_metadata")])
-    assert len(shared) <= 2 * (completed + 1), "one merged object per subtask and checkpoint"
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    for handle in keyed:
+        assert handle.path.removeprefix("s3://") in shared
+        assert handle.offset is not None and handle.offset + handle.size <= fs.size(handle.path)
+    checkpoint_id = int(posixpath.basename(posixpath.dirname(latest)).removeprefix("chk-"))
+    # one per subtask and checkpoint, counting one in flight at the kill
+    assert len(shared) <= 2 * (checkpoint_id + 1), (checkpoint_id, shared)
 
     second = finished(agent(coordinator, bucket, name, payments_topic, output,
                             "--restore", "latest", max_records=30))  # fmt: skip
