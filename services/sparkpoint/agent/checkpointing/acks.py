@@ -144,12 +144,7 @@ def state_handle(upload: Upload) -> StateHandle:
     """A keyed state file's handle: the file, or with file merging the merged file, the
     segment's offset and the state file's name (the coordinator counts the merged file)."""
     span = split_segment(upload.path)
-    if span is None:
-        return StateHandle(
-            upload.path, StateHandleKind.KEYED_STATE, upload.size, upload.first, upload.last,
-            upload.shared,
-        )  # fmt: skip
-    path, offset, _, name = span
+    path, offset, name = (upload.path, None, None) if span is None else (span[0], span[1], span[3])
     return StateHandle(
         path, StateHandleKind.KEYED_STATE, upload.size, upload.first, upload.last, upload.shared,
         offset, name,

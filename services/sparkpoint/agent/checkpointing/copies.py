@@ -60,10 +60,19 @@ def copy_snapshot(
     """The asynchronous phase of a subtask's snapshot: its new state files copied. What it
     pinned (state files, in-flight segments) is released."""
     try:
-        copies = [(source, upload.path) for upload, source in plan if source]
+        whole: list[tuple[str, str]] = []
+        merged: dict[str, list[tuple[int, str]]] = {}  # merged file -> (offset, source)
+        for upload, source in plan:
+            if source is None:
+                continue
+            span = split_segment(upload.path)
+            if span is None:
+                whole.append((source, upload.path))
+            else:
+                merged.setdefault(span[0], []).append((span[1], source))
         # immutable files: linked where storage allows, on an object store copied together
-        link_or_copy_all(p for p in copies if split_segment(p[1]) is None)
-        write_merged([p for p in copies if split_segment(p[1]) is not None], backend.local_dir)
+        link_or_copy_all(whole)
+        write_merged(merged, backend.local_dir)
         backend.keep_local((source, u.path) for u, source in plan if source and u.shared)
         return Copied(plan, *rest.write())
     finally:
@@ -71,15 +80,10 @@ def copy_snapshot(
         segment_files.release(s.path for s in rest.in_flight)
 
 
-def write_merged(copies: list[tuple[str, str]], local_dir: str | None) -> None:
-    """File merging: each (source, `segment`) copied into its merged file, every merged file
-    written whole at once (one PUT on an object store), its segments in order. A source on an
-    object store is read from its local copy where this machine has one."""
-    merged: dict[str, list[tuple[int, str]]] = {}
-    for source, copy in copies:
-        span = split_segment(copy)
-        assert span is not None
-        merged.setdefault(span[0], []).append((span[1], source))
+def write_merged(merged: dict[str, list[tuple[int, str]]], local_dir: str | None) -> None:
+    """File merging: each merged file written whole at once (one PUT on an object store) from
+    the sources of its segments, in the order of their offsets. A source on an object store is
+    read from its local copy where this machine has one."""
     for path, parts in merged.items():
         sources = [source for _, source in sorted(parts)]
         nearby = {s: local.cached(local_dir, s) for s in sources if local_dir is not None}

@@ -125,8 +125,13 @@ def split_segment(locator: str) -> tuple[str, int, int, str] | None:
 
 def physical(locator: str) -> str:
     """The file a path or `segment` lies in."""
+    return byte_range(locator)[0]
+
+
+def byte_range(locator: str) -> tuple[str, int, int | None]:
+    """(the file, first byte, end or None for the file's end) of a path or `segment`."""
     found = split_segment(locator)
-    return locator if found is None else found[0]
+    return (locator, 0, None) if found is None else (found[0], found[1], found[1] + found[2])
 
 
 def local_path(url: str) -> str | None:
@@ -208,9 +213,7 @@ def read_table(path: str, memory_map: bool = True) -> tuple[pa.Table, int]:
 
 def read_file(path: str) -> bytes:
     """A whole file, or a `segment` of a merged one."""
-    found = split_segment(path)
-    start, end = (0, None) if found is None else (found[1], found[1] + found[2])
-    name = path if found is None else found[0]
+    name, start, end = byte_range(path)
     local = local_path(name)
     if local is not None:
         with open(local, "rb") as source:
@@ -230,10 +233,7 @@ def read_files(paths: Iterable[str]) -> dict[str, bytes]:
     found: dict[str, bytes] = {}
     remote: dict[int, tuple[fsspec.AbstractFileSystem, list[tuple[str, str, int, int | None]]]] = {}
     for path in paths:
-        span = split_segment(path)
-        name, start, end = (
-            (path, 0, None) if span is None else (span[0], span[1], span[1] + span[2])
-        )
+        name, start, end = byte_range(path)
         if local_path(name) is not None:
             found[path] = read_file(path)
             continue

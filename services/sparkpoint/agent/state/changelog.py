@@ -369,8 +369,8 @@ def _newest(parts: Sequence[pa.Table | None]) -> list[pa.Table | None]:
     rank = np.repeat(np.arange(len(present)), [p.num_rows for _, p in present])
     order = np.argsort(kh, kind="stable")  # within a kh, in part order: newest first
     sorted_kh = kh[order]
-    starts = np.flatnonzero(np.r_[True, sorted_kh[1:] != sorted_kh[:-1]])
-    first = starts[np.cumsum(np.r_[True, sorted_kh[1:] != sorted_kh[:-1]]) - 1]
+    begins = np.r_[True, sorted_kh[1:] != sorted_kh[:-1]]  # a row that starts its kh
+    first = np.flatnonzero(begins)[np.cumsum(begins) - 1]  # each row's first row of its kh
     keep_sorted = rank[order] == rank[order][first]
     later = np.flatnonzero(first != np.arange(len(order)))
     if len(later):  # rows sharing a kh with an earlier row: the same key, unless a collision
