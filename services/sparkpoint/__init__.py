@@ -33,9 +33,14 @@ _EXPORTS = {
     "ConfluentAvroValues": "sparkpoint.agent.formats",
     "RawValues": "sparkpoint.agent.formats",
     "StringValues": "sparkpoint.agent.formats",
+    "WatermarkStrategy": "sparkpoint.agent.time.strategy",
+    "MIN_WATERMARK": "sparkpoint.agent.time.strategy",
+    "MAX_WATERMARK": "sparkpoint.agent.time.strategy",
 }
 
 __all__ = [
+    "MAX_WATERMARK",
+    "MIN_WATERMARK",
     "AvroValues",
     "ConfluentAvroValues",
     "DeliveryGuarantee",
@@ -52,6 +57,7 @@ __all__ = [
     "RawValues",
     "StringValues",
     "ValueState",
+    "WatermarkStrategy",
     "load_job",
 ]
 
@@ -77,6 +83,7 @@ if TYPE_CHECKING:
         ValueState,
         load_job,
     )
+    from sparkpoint.agent.time.strategy import MAX_WATERMARK, MIN_WATERMARK, WatermarkStrategy
 
 
 def __getattr__(name: str) -> Any:

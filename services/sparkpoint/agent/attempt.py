@@ -108,7 +108,11 @@ class AttemptMaker:
             self._check_positions(restored, source)
             backend.restore(restored.state_files.values(), restored.shared)
         self._local_recovery(backend, restored)
-        source.start(restored.positions if restored else None)
+        source.start(
+            restored.positions if restored else None, restored.event_times if restored else None
+        )
+        if restored is not None:
+            restore_watermarks(restored, channels, self.ranges)
         self.progress.start(source.positions)
         self.progress.seen_ends(source.ends.items())
         if restored is not None and restored.channel_state:
@@ -189,6 +193,18 @@ class AttemptMaker:
                 f"the snapshot has positions of topics {sorted(unknown)} that the job does not read; "
                 "pass --allow-non-restored-state to drop them"
             )
+
+
+def restore_watermarks(
+    restored: Restored, channels: list[Channel], ranges: list[KeyGroupRange]
+) -> None:
+    """Each new subtask starts at the watermark its key groups' old subtasks stood at (before
+    their channel state, unaligned) and reaches their watermark at the barrier once its share
+    of the channel state is processed."""
+    for channel, groups in zip(channels, ranges, strict=True):
+        watermarks = restored.watermarks_of(groups)
+        if watermarks is not None:
+            channel.watermark, channel.restored_mark = watermarks
 
 
 def restored_snapshot(

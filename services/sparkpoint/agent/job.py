@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from sparkpoint.agent.formats import JsonValues, ValueFormat
+from sparkpoint.agent.time.strategy import MIN_WATERMARK, WatermarkStrategy
 from sparkpoint.common.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 from sparkpoint.common.limits import JOB_ID_PATTERN
 from sparkpoint.common.options import parse_duration
@@ -76,8 +77,17 @@ class KeyedState:
     """The state of the keys a keyed function was given, while it runs: each declared state as a pandas
     Series, read and replaced a whole column at a time."""
 
-    def __init__(self, declared: Mapping[str, StateDescriptor], frames: Mapping[str, pd.Series]):
+    def __init__(
+        self,
+        declared: Mapping[str, StateDescriptor],
+        frames: Mapping[str, pd.Series],
+        current_watermark: int = MIN_WATERMARK,
+    ):
         self.declared = dict(declared)
+        self.current_watermark = current_watermark
+        """The subtask's event-time watermark before this round's records (ms; Flink's
+        ``currentWatermark()``, `MIN_WATERMARK` before the first): records at or below it
+        arrived late."""
         self._series: dict[str, pd.Series] = {}
         for name, descriptor in self.declared.items():
             self._series[name] = frames.get(name, empty_series(descriptor))
@@ -234,6 +244,9 @@ class KafkaSource:
     KafkaSource takes consumer properties): another cluster's credentials, fetch sizes. The
     settings sparkpoint's reads rest on are its own (``group.id``, ``enable.auto.commit``,
     ``isolation.level``, ``auto.offset.reset``, ``enable.partition.eof``)."""
+    watermark_strategy: WatermarkStrategy | None = None
+    """Event time and watermarks (None: the job has no event time). Without a timestamp
+    column, each record's Kafka timestamp is its event time, added as column ``timestamp``."""
 
     def __post_init__(self) -> None:
         if self.max_records_per_partition < 1:
@@ -267,10 +280,19 @@ class FileSource:
     path: str
     format: str = "parquet"
     max_records_per_partition: int = 50_000
+    watermark_strategy: WatermarkStrategy | None = None
+    """Event time and watermarks from a column of the files (they have no record timestamps:
+    the strategy names its column)."""
 
     def __post_init__(self) -> None:
         if self.format not in ("parquet", "json"):
             raise ValueError(f"file source format must be parquet or json, got {self.format!r}")
+        strategy = self.watermark_strategy
+        if strategy is not None and strategy.timestamp_column is None:
+            raise ValueError(
+                "a file source's watermark strategy must name its timestamp column "
+                "(WatermarkStrategy...with_timestamp_column(name)): files have no record timestamps"
+            )
 
     @property
     def bounded(self) -> bool:

@@ -42,6 +42,8 @@ class SubtaskCopy:
     in_flight: list[Segment]
     target: str
     channel_dir: str
+    watermark: int | None = None
+    """The subtask's watermark at the snapshot (before its channel state)."""
 
     def write(self) -> tuple[list[StateHandle], int]:
         """The sink manifest and, unaligned, the channel state: its handles and bytes."""
@@ -50,7 +52,7 @@ class SubtaskCopy:
             return [], 0
         groups = (self.groups.start, self.groups.end)
         return channel_state.persist(
-            self.in_flight, self.channel_dir, self.target, self.subtask, groups
+            self.in_flight, self.channel_dir, self.target, self.subtask, groups, self.watermark
         )
 
 

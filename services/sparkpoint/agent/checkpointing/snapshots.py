@@ -40,7 +40,13 @@ from sparkpoint.agent.checkpointing.pending import Copied, Copy, Draining, Pendi
 from sparkpoint.agent.faults import crash_point
 from sparkpoint.agent.recovery.restore import SOURCE_FORMAT
 from sparkpoint.agent.recovery.split import ChannelRecovery
-from sparkpoint.agent.rounds.channels import Channel, Partition, Segment, SegmentFiles
+from sparkpoint.agent.rounds.channels import (
+    Channel,
+    Partition,
+    Segment,
+    SegmentFiles,
+    event_times_before,
+)
 from sparkpoint.agent.sinks.ledger import EpochLedger
 from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
@@ -163,17 +169,19 @@ class SubtaskCheckpointer:
                 checkpoint_id, self.parts.channels, not unaligned_allowed(trigger), self.taken(),
                 self.parts.source.positions, self.parts.restoring.holds_input(),
             )  # fmt: skip
-        self._snapshot_sources(pending, positions)
+        self._snapshot_sources(pending, positions, at_least_once)
         if at_least_once:
             self.snapshot(checkpoint_id, unaligned=False)  # no alignment: the state as it stands
         else:
             pending.barrier = first_state(trigger, pending.received * 1000, self)
 
     def _snapshot_sources(
-        self, pending: PendingSnapshot, positions: dict[Partition, int] | None
+        self, pending: PendingSnapshot, positions: dict[Partition, int] | None, at_least_once: bool
     ) -> None:
         """Sources snapshot at once: exactly-once, their positions are where the barrier stands
-        in the channels; at-least-once, where the oldest record not yet processed was read."""
+        in the channels; at-least-once, where the oldest record not yet processed was read.
+        With event time, each source subtask's file also holds its partitions' highest event
+        times at that cut, and keyed subtask i's watermark there (`time_snapshot`)."""
         trigger = pending.trigger
         for i in range(self.shape.parallelism):
             path = f"{trigger.target_location}/source-{i}.json"
@@ -181,6 +189,7 @@ class SubtaskCheckpointer:
                 "format": SOURCE_FORMAT,
                 "positions": self.parts.source.snapshot(i, positions),
                 "end_of_input": self.end_of_input,
+                **self.time_snapshot(i, trigger.checkpoint_id, positions, at_least_once),
             }
             data = json.dumps(snapshot).encode()
             started = time.monotonic()
@@ -190,6 +199,34 @@ class SubtaskCheckpointer:
                 pending, f"source-{i}", [handle], state_size=len(data), checkpointed=len(data),
                 sync_ms=int((time.monotonic() - started) * 1000), async_ms=0,
             )  # fmt: skip
+
+    def time_snapshot(
+        self,
+        subtask: int,
+        checkpoint_id: int,
+        positions: dict[Partition, int] | None,
+        at_least_once: bool,
+    ) -> dict[str, object]:
+        """Source subtask ``subtask``'s partitions' highest event times at the cut (rewound with
+        the positions where the cut lies behind reading), and keyed subtask ``subtask``'s
+        watermark once everything before the barrier is processed (at-least-once: where it
+        stands). Empty without event time."""
+        source, channels = self.parts.source, self.parts.channels
+        clock = source.watermarks
+        if clock is None:
+            return {}
+        rewound = event_times_before(channels, positions) if positions else {}
+        owned = [p for p in source.partitions if source.owner(p) == subtask]
+        channel = channels[subtask]
+        barrier = dict(channel.barriers).get(checkpoint_id)
+        watermark = (
+            channel.watermark if at_least_once or barrier is None else channel.watermark_at(barrier)
+        )
+        groups = self.shape.ranges[subtask]
+        return {
+            "event_time": clock.snapshot(owned, rewound),
+            "watermark": {"key_groups": [groups.start, groups.end], "value": watermark},
+        }
 
     def _unprocessed_positions(self) -> dict[Partition, int]:
         """Where an at-least-once snapshot's sources restart: before every record still queued
@@ -279,7 +316,7 @@ class SubtaskCheckpointer:
         }
         rest = SubtaskCopy(
             subtask, groups, f"{target}/sink-{subtask}.json", manifest, in_flight, target,
-            self.shape.channel_dir,
+            self.shape.channel_dir, self.parts.channels[subtask].watermark,
         )  # fmt: skip
         self.segment_files.pin(s.path for s in in_flight)
         backend = self.parts.backend

@@ -5,9 +5,10 @@ A keyed subtask's channel state is the run of segment files between its last com
 and the checkpoint's barrier, in order. Segment files are immutable, so a snapshot does not
 rewrite them: each is hard-linked into the checkpoint's directory where channel and checkpoint
 storage share a local file system (no bytes move), and copied otherwise. A manifest per subtask,
-``channel-<i>.json``, lists them in order with their rows and the key groups the subtask owned:
+``channel-<i>.json``, lists them in order with their rows and the key groups the subtask owned,
+and the subtask's watermark at the snapshot (before these records; since event time):
 
-    {"format": 1, "key_groups": [0, 63],
+    {"format": 1, "key_groups": [0, 63], "watermark": 1700000000000,
      "segments": [{"file": "channel-0000-00000.arrow", "rows": 812, "bytes": 50123,
                    "key_groups": [0, 63], "exact": true}, ...]}
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sparkpoint.agent.rounds.channels import Segment
 from sparkpoint.agent.state.backend import link_or_copy_all, read_file, write_file
@@ -43,6 +45,7 @@ def persist(
     target_location: str,
     subtask: int,
     key_groups: tuple[int, int],
+    watermark: int | None = None,
 ) -> tuple[list[StateHandle], int]:
     """Writes one subtask's channel state into a checkpoint directory: its segments (linked or
     copied) and its manifest. Returns the state handles (manifest first) and the bytes of
@@ -61,9 +64,12 @@ def persist(
         path = f"{target_location}/{name}"
         handles.append(StateHandle(path, StateHandleKind.CHANNEL_STATE, segment.size, *groups))
     link_or_copy_all(copies)  # the segments first: a manifest never names a missing file
-    manifest = json.dumps(
-        {"format": MANIFEST_FORMAT, "key_groups": list(key_groups), "segments": entries}
-    ).encode()
+    body: dict[str, object] = {
+        "format": MANIFEST_FORMAT, "key_groups": list(key_groups), "segments": entries,
+    }  # fmt: skip
+    if watermark is not None:
+        body["watermark"] = watermark
+    manifest = json.dumps(body).encode()
     path = f"{target_location}/{manifest_name(subtask)}"
     write_file(path, manifest)
     handle = StateHandle(path, StateHandleKind.CHANNEL_STATE, len(manifest), *key_groups)
@@ -87,7 +93,20 @@ class ChannelStateFile:
 
 def read_manifest(path: str, old_subtask: int) -> list[ChannelStateFile]:
     """The segments a ``channel-<i>.json`` lists, as paths beside it."""
-    data = json.loads(read_file(path))
+    return read_manifest_data(path, json.loads(read_file(path)), old_subtask)
+
+
+def manifest_watermark(data: dict[str, Any]) -> int | None:
+    """The watermark a channel-state manifest records (None: written without event time)."""
+    value = data.get("watermark")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"channel state watermark must be an integer, got {value!r}")
+    return value
+
+
+def read_manifest_data(path: str, data: dict[str, Any], old_subtask: int) -> list[ChannelStateFile]:
     if data.get("format") != MANIFEST_FORMAT:
         raise ValueError(f"{path}: unknown channel state format {data.get('format')!r}")
     directory = path.rsplit("/", 1)[0]

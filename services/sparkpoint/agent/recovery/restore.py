@@ -13,13 +13,19 @@ import json
 import logging
 import posixpath
 from dataclasses import dataclass, field
+from typing import Any
 
 from fsspec.core import url_to_fs
 
-from sparkpoint.agent.recovery.channel_state import ChannelStateFile, read_manifest
+from sparkpoint.agent.recovery.channel_state import (
+    ChannelStateFile,
+    manifest_watermark,
+    read_manifest_data,
+)
 from sparkpoint.agent.state.backend import job_dirs, physical, read_file, segment
 from sparkpoint.agent.state.books import StateFile, restored_file
 from sparkpoint.common.events import CheckpointStoreRecord, StateHandleKind
+from sparkpoint.common.keygroups import KeyGroupRange
 from sparkpoint.common.metadata import BadMetadata, Handle, SnapshotMetadata
 from sparkpoint.common.storage import CHECKPOINT_DIR
 
@@ -50,11 +56,41 @@ class Restored:
     job's final checkpoint. A job restored from it has nothing left to do."""
     channel_state: list[ChannelStateFile] = field(default_factory=list)
     """An unaligned checkpoint's in-flight records: processed before any new input."""
+    channel_watermarks: list[tuple[int, int, int]] = field(default_factory=list)
+    """(first, last key group, watermark) of each channel-state manifest that records one."""
+    event_times: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Event time: each source partition's highest event time at the snapshot's cut."""
+    watermarks: list[SubtaskWatermark] = field(default_factory=list)
+    """Event time: each old keyed subtask's watermark (once its channel state is processed)
+    and, unaligned, where it stood before its channel state."""
 
     @property
     def key_group_count(self) -> int:
         """Key groups the keyed-state files cover."""
         return len({g for f in self.state_files.values() for g in range(f.first, f.last + 1)})
+
+    def watermarks_of(self, groups: KeyGroupRange) -> tuple[int, int] | None:
+        """A new subtask's watermarks over ``groups``: where it starts and where it stands
+        once its share of the channel state is processed, the lowest of the old subtasks'
+        whose key groups overlap (a rescale can only hold a watermark back, never move it on:
+        a record is never late after a restore that was not late before). None: the snapshot
+        has no watermarks."""
+        mine = [w for w in self.watermarks if w.first <= groups.end and groups.start <= w.last]
+        if not mine:
+            return None
+        before = min(w.before if w.before is not None else w.value for w in mine)
+        return before, min(w.value for w in mine)
+
+
+@dataclass
+class SubtaskWatermark:
+    first: int
+    last: int
+    """The old subtask's key groups."""
+    value: int
+    """Its watermark at the barrier: once everything before the barrier is processed."""
+    before: int | None = None
+    """Unaligned: its watermark at the snapshot, before its channel state."""
 
 
 def _protocol_prefix(url: str) -> str:
@@ -63,7 +99,9 @@ def _protocol_prefix(url: str) -> str:
 
 SOURCE_FORMAT = 2
 """Source snapshots are ``{"format": 2, "positions": {topic: {partition: offset}},
-"end_of_input": bool}``; format 1 was the positions alone."""
+"end_of_input": bool}``, with event time also ``"event_time": {topic: {partition: ms}}`` (the
+highest event time at the cut) and ``"watermark": {"key_groups": [first, last], "value": ms}``
+(the keyed subtask of the same index, at the barrier); format 1 was the positions alone."""
 
 
 def source_snapshot(data: dict[str, object]) -> tuple[dict[str, dict[str, int]], bool]:
@@ -115,6 +153,10 @@ def load(
         )
     for outputs in restored.epochs.values():
         outputs.sort()
+    for first, last, before in restored.channel_watermarks:
+        for watermark in restored.watermarks:
+            if (watermark.first, watermark.last) == (first, last):
+                watermark.before = before
     return restored
 
 
@@ -155,14 +197,21 @@ def take_handle(restored: Restored, subtask_id: str, handle: Handle, shared_pref
         restored.state_files[path] = restored_file(path, handle.size, start, end)
         return handle.path.startswith(shared_prefix)
     if handle.kind is StateHandleKind.SOURCE_POSITIONS:
-        positions, ended = source_snapshot(json.loads(read_file(handle.path)))
+        data = json.loads(read_file(handle.path))
+        positions, ended = source_snapshot(data)
         restored.end_of_input |= ended
         for topic, offsets in positions.items():
             for partition, offset in offsets.items():
                 restored.positions[(topic, int(partition))] = int(offset)
+        take_time(restored, data, handle.path)
     elif handle.kind is StateHandleKind.CHANNEL_STATE and handle.path.endswith(".json"):
         old_subtask = int(subtask_id.rsplit("-", 1)[-1])
-        restored.channel_state += read_manifest(handle.path, old_subtask)
+        data = json.loads(read_file(handle.path))
+        restored.channel_state += read_manifest_data(handle.path, data, old_subtask)
+        before = manifest_watermark(data)
+        if before is not None:
+            start, end = data["key_groups"]
+            restored.channel_watermarks.append((int(start), int(end), before))
     elif handle.kind is StateHandleKind.SINK_EPOCH:
         manifest = json.loads(read_file(handle.path))
         for epoch, outputs in manifest.items():
@@ -170,6 +219,29 @@ def take_handle(restored: Restored, subtask_id: str, handle: Handle, shared_pref
                 resolve(output, restored.external_path) for output in outputs
             )
     return True
+
+
+def take_time(restored: Restored, data: dict[str, Any], path: str) -> None:
+    """What a source snapshot holds of event time (`SOURCE_FORMAT`), checked: a value that is
+    not an integer is refused with the file's name."""
+    if data.get("format") != SOURCE_FORMAT:
+        return
+    try:
+        for topic, highest in (data.get("event_time") or {}).items():
+            for partition, value in highest.items():
+                restored.event_times[(str(topic), int(partition))] = _integer(value)
+        watermark = data.get("watermark")
+        if watermark is not None:
+            first, last = (_integer(g) for g in watermark["key_groups"])
+            restored.watermarks.append(SubtaskWatermark(first, last, _integer(watermark["value"])))
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise NoCheckpoint(f"{path}: malformed event time ({exc})") from None
+
+
+def _integer(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{value!r} is not an integer")
+    return value
 
 
 def missing_files(paths: set[str]) -> list[str]:

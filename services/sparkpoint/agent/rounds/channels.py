@@ -11,6 +11,11 @@ queued when n was triggered. Stage 2 never takes segments past the oldest barrie
 is aligned for n when everything before n's barrier has been processed. An unaligned snapshot
 does not wait: the segments before the barrier are its channel state (`before_barrier`).
 Consumed segments' files are deleted unless a snapshot still references them (`pin`).
+
+Watermarks are positions in the log too (`mark`): each fetch's watermark goes after the segments
+it queued, in every channel, so a subtask's watermark (`watermark`) covers what it has processed
+and no more; a mark behind a barrier waits for the barrier, as Flink's watermarks travel behind
+barriers in a channel.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sparkpoint.agent.state.backend import delete_files
+from sparkpoint.agent.time.strategy import MIN_WATERMARK
 
 DEFAULT_CAPACITY_BYTES = 256 * 1024 * 1024
 """Per channel, queued segment bytes above which the source stops fetching (backpressure)."""
@@ -42,6 +48,9 @@ class Segment:
     exact: bool = True
     """Every row of the file lies within ``key_groups`` (false only for restored files of a
     snapshot written before channel state recorded it: they may hold other subtasks' rows)."""
+    event_time_before: int | None = None
+    """The source partition's highest event time before the fetch (None: none yet): where its
+    watermark stands when a checkpoint's cut rewinds the partition to ``first_offset``."""
 
 
 @dataclass
@@ -53,6 +62,13 @@ class Channel:
     """(checkpoint id, sequence of the last segment before the barrier), oldest first."""
     queued_bytes: int = 0
     appended_bytes: int = 0
+    watermark: int = MIN_WATERMARK
+    """The subtask's watermark: the newest mark among what stage 2 has processed."""
+    marks: deque[tuple[int, int]] = field(default_factory=deque)
+    """(sequence, watermark) of marks not yet reached, both increasing."""
+    restored_mark: int | None = None
+    """A restored snapshot's watermark after its channel state: marked once that state has
+    entered the channel (`rounds.Rounds.watermarks`)."""
     _sequence: int = 0
 
     def append(
@@ -64,9 +80,13 @@ class Channel:
         first_offset: int = 0,
         key_groups: tuple[int, int] | None = None,
         exact: bool = True,
+        event_time_before: int | None = None,
     ) -> Segment:
         self._sequence += 1
-        segment = Segment(self._sequence, path, rows, size, source, first_offset, key_groups, exact)
+        segment = Segment(
+            self._sequence, path, rows, size, source, first_offset, key_groups, exact,
+            event_time_before,
+        )  # fmt: skip
         self.segments.append(segment)
         self.queued_bytes += size
         self.appended_bytes += size
@@ -83,7 +103,45 @@ class Channel:
         self.barriers = deque(
             (checkpoint_id, segment.sequence) for checkpoint_id, _ in self.barriers
         )
+        if self.marks:  # the restored watermark applies after the restored records
+            self.marks = deque([(segment.sequence, self.marks[-1][1])])
         return segment
+
+    # --- watermarks ---------------------------------------------------------------------------------
+
+    def mark(self, watermark: int) -> None:
+        """A watermark after everything queued so far (kept only when it moves forward)."""
+        latest = self.marks[-1][1] if self.marks else self.watermark
+        if watermark > latest:
+            self._sequence += 1
+            self.marks.append((self._sequence, watermark))
+
+    def watermark_at(self, position: int) -> int:
+        """The subtask's watermark once everything up to ``position`` is processed."""
+        reached = self.watermark
+        for sequence, watermark in self.marks:
+            if sequence > position:
+                break
+            reached = watermark
+        return max(reached, self.watermark)
+
+    def reach(self, taken: list[Segment]) -> int:
+        """How far a stage-2 part that takes ``taken`` gets: up to the next segment it leaves
+        (the marks in between are reached too), never past the oldest barrier."""
+        last = taken[-1].sequence if taken else self._sequence
+        if not taken and self.segments:
+            last = self.segments[0].sequence - 1
+        after = next((s.sequence for s in self.segments if s.sequence > last), None)
+        position = after - 1 if after is not None else self._sequence
+        return min(position, self.barriers[0][1]) if self.barriers else position
+
+    def advance(self, position: int) -> int:
+        """Stage 2 processed everything up to ``position``: the subtask's watermark moves to
+        the marks it reached."""
+        self.watermark = self.watermark_at(position)
+        while self.marks and self.marks[0][0] <= position:
+            self.marks.popleft()
+        return self.watermark
 
     @property
     def full(self) -> bool:
@@ -169,6 +227,7 @@ class Channel:
         """Everything queued leaves (a restart reads it again from the source)."""
         gone = self.consumed(list(self.segments))
         self.barriers.clear()
+        self.marks.clear()
         return gone
 
 
@@ -207,6 +266,20 @@ class SegmentFiles:
 
 
 Partition = tuple[str, int]
+
+
+def event_times_before(
+    channels: list[Channel], positions: dict[Partition, int]
+) -> dict[Partition, int | None]:
+    """For each partition whose position in ``positions`` is where a queued segment's fetch
+    started (a cut behind where reading stands), its highest event time before that fetch."""
+    out: dict[Partition, int | None] = {}
+    for channel in channels:
+        for segment in channel.segments:
+            source = segment.source
+            if source is not None and positions.get(source) == segment.first_offset:
+                out[source] = segment.event_time_before
+    return out
 
 
 def earliest_cut(

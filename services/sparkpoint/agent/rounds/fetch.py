@@ -20,6 +20,7 @@ from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN, to_ipc
 from sparkpoint.agent.rounds.user_code import user_code
 from sparkpoint.agent.sources.consumers import CONSUMERS
 from sparkpoint.agent.state.backend import read_file, write_files
+from sparkpoint.agent.time.strategy import KAFKA_TIMESTAMP_COLUMN, event_times
 from sparkpoint.common.kafka import fetched
 from sparkpoint.common.kafka_config import Frozen
 from sparkpoint.common.keygroups import key_groups, operator_indexes
@@ -60,6 +61,11 @@ class FetchTask:
     properties: Frozen = ()
     """The consumer's client properties (the agent's configuration and the source's): a task
     runs where the agent's configuration file may not be (Kafka)."""
+    event_time_column: str | None = None
+    """The column holding event time, when the source declares a watermark strategy: the
+    result reports its highest value."""
+    kafka_timestamps: bool = False
+    """Add each Kafka record's timestamp as column `KAFKA_TIMESTAMP_COLUMN` (ms)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,9 @@ class FetchResult:
     """The read stopped at ``max_records`` or at its time bound: more may follow at once,
     whatever the broker's high watermark says (the embedded broker's can stop at the last
     batch's base offset)."""
+    highest_event_time: int | None = None
+    """The highest event time among the records read (before the job's map), when the source
+    declares event time and the read took records."""
 
 
 def segment_name(task: FetchTask, subtask: int) -> str:
@@ -96,6 +105,8 @@ class PartitionRead:
     values: list[bytes] = field(default_factory=list)
     keys: list[bytes | None] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    """The records' Kafka timestamps (ms), when the task asks for them."""
     next_offset: int = 0
     closed: bool = False
     """Nothing more is taken from it in this read."""
@@ -128,13 +139,15 @@ class PartitionRead:
         until = self.task.until
         return self.next_offset > until if until is not None else bool(self.offsets)
 
-    def take(self, offset: int, value: bytes | None, key: bytes | None) -> None:
+    def take(self, offset: int, value: bytes | None, key: bytes | None, timestamp: int = 0) -> None:
         end = self.task.end
         if self.closed or offset < self.next_offset or (end is not None and offset >= end):
             return
         self.values.append(value or b"")
         self.keys.append(key)
         self.offsets.append(offset)
+        if self.task.kafka_timestamps:
+            self.timestamps.append(timestamp)
         self.next_offset = offset + 1
         self._check()
 
@@ -200,7 +213,10 @@ def read_ranges(tasks: list[FetchTask]) -> list[PartitionRead]:
                 read = reads[(str(message.topic()), int(message.partition() or 0))]
                 error = message.error()
                 if error is None:
-                    read.take(int(message.offset() or 0), message.value(), message.key())
+                    read.take(
+                        int(message.offset() or 0), message.value(), message.key(),
+                        message.timestamp()[1],
+                    )  # fmt: skip
                 elif error.code() == KafkaError._PARTITION_EOF:
                     read.at_partition_end(int(message.offset() or 0))
                 else:
@@ -247,12 +263,15 @@ def partition(
         bytes_read = sum(len(v) for v in read.values)
         frame, malformed = task.value_format.decode(read.values, read.keys, read.offsets)
         records, next_offset, early = len(read.values), read.next_offset, read.more_may_follow
+        if task.kafka_timestamps and len(frame):
+            frame[KAFKA_TIMESTAMP_COLUMN] = kept_timestamps(read, malformed)
     else:
         frame, next_offset = read_file_rows(task)
         records = len(frame)
         early = records >= task.max_records
         bytes_read = int(frame.memory_usage(deep=True).sum()) if records else 0
     segments: list[tuple[int, str, int, int]] = []
+    highest = highest_event_time(frame, task.event_time_column)
     if len(frame):
         frame = user_code(map_function, frame)
     if len(frame):
@@ -280,4 +299,26 @@ def partition(
         malformed[:10],
         bytes_read,
         capped=early,
+        highest_event_time=highest,
     )
+
+
+def kept_timestamps(read: PartitionRead, malformed: list[tuple[int, str]]) -> list[int]:
+    """The Kafka timestamps of the records that decoded (the malformed ones are skipped)."""
+    if not malformed:
+        return read.timestamps
+    skipped = {offset for offset, _ in malformed}
+    return [t for o, t in zip(read.offsets, read.timestamps, strict=True) if o not in skipped]
+
+
+def highest_event_time(frame: pd.DataFrame, column: str | None) -> int | None:
+    """The highest event time of a fetch's records, as the source read them (Flink assigns
+    timestamps at the source, before any operator)."""
+    if column is None or not len(frame):
+        return None
+    if column not in frame.columns:
+        raise KeyError(
+            f"event time column {column!r} is not in the records read (columns: "
+            f"{list(frame.columns)}); name it with WatermarkStrategy.with_timestamp_column"
+        )
+    return int(event_times(frame[column]).max())

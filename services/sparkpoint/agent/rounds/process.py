@@ -18,6 +18,7 @@ from sparkpoint.agent.state import changelog
 from sparkpoint.agent.state.backend import read_files, write_file
 from sparkpoint.agent.state.changelog import Run
 from sparkpoint.agent.state.runs import StateView, SubtaskState, Written
+from sparkpoint.agent.time.strategy import MIN_WATERMARK
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class ProcessTask:
     emit: Callable[[pd.DataFrame], int] | None = None
     """At-least-once sinks: makes the round's output visible from the task at once (the
     sink's `direct`); None: the output is staged at ``output_path``."""
+    watermark: int = MIN_WATERMARK
+    """The subtask's event-time watermark before the round (`KeyedState.current_watermark`)."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
         keys = np.concatenate([np.asarray(keys, dtype=object), every_key])
         key_groups = np.concatenate([key_groups, every_group])
     before = view.lookup(keys, key_groups)
-    state = KeyedState(declared, before)
+    state = KeyedState(declared, before, task.watermark)
     outputs: list[pd.DataFrame] = []
     if len(records):
         outputs.append(user_code(function.process, records, state))

@@ -9,6 +9,9 @@ loop, which hands it on (a round never touches checkpoints or the sink's epochs)
 - Stage 1 plans each source partition up to the end it has now, within the source's bounds per
   round (the source reader's `plan`): a part per source subtask; none while a channel is full
   (backpressure) or restored channel state waits to enter the channels.
+- Watermarks (when the source declares event time) follow the segments: after a fetch's
+  segments, its watermark is marked in every channel (`watermarks`); a stage-2 part runs with
+  its subtask's watermark and moves it to the marks its segments reach.
 - When the parts are more than the cores, a task runs a stage-2 part and then a stage-1 part
   (`RoundTask`); otherwise each part is a task. One job per round, not one per stage: a
   PySpark job costs 35-50 ms before its first task runs, each task some more, and two stages'
@@ -129,6 +132,8 @@ class Rounds:
         self.processing: Future[list[ProcessResult]] | None = None
         """The stage-2 part of the round in flight, when it has one."""
         self.round: tuple[int, dict[int, list[Segment]]] | None = None
+        self.reaches: dict[int, int] = {}
+        """How far in its channel each subtask's stage-2 part in flight gets (its marks)."""
         self.asked: dict[int, SubtaskState] = {}
         """What the round in flight told each subtask's task of its state."""
         """The stage-2 part in flight: its version and the segments it took, per subtask."""
@@ -163,6 +168,8 @@ class Rounds:
         full (backpressure) or this is the end-of-input round. True when it has a stage-2 part."""
         if self.in_flight():
             return False
+        if not held:
+            self.watermarks(source, channels)
         process = self._plan_process(channels, backend, emit, end_of_input)
         fetch = [] if end_of_input else self._plan_fetch(source, channels, held)
         if not process and not fetch:
@@ -196,6 +203,9 @@ class Rounds:
             return []
         planned = source.plan()
         self.progress.seen_ends(source.highs.items())
+        if source.watermarks is not None:  # alignment: partitions far ahead wait
+            paused = source.watermarks.paused(time.monotonic())
+            planned = {p: read for p, read in planned.items() if p not in paused}
         if not planned:
             return []
         self.fetches += 1
@@ -205,6 +215,13 @@ class Rounds:
             if isinstance(settings.source, KafkaSource)
             else 0.0
         )
+        strategy = settings.source.watermark_strategy
+        column = strategy.column if strategy is not None else None
+        kafka_timestamps = (
+            strategy is not None
+            and strategy.timestamp_column is None
+            and isinstance(settings.source, KafkaSource)
+        )
         by_subtask: dict[int, list[FetchTask]] = {}
         for (topic, partition), read in planned.items():
             by_subtask.setdefault(source.owner((topic, partition)), []).append(
@@ -213,7 +230,7 @@ class Rounds:
                     source.ends.get((topic, partition)), read.max_records, settings.key,
                     settings.max_parallelism, settings.parallelism, settings.source.format,
                     settings.channel_dir, self.fetches, settings.value_format, read.until,
-                    max_duration_s, settings.source_properties,
+                    max_duration_s, settings.source_properties, column, kafka_timestamps,
                 )
             )  # fmt: skip
         return list(by_subtask.values())
@@ -227,6 +244,8 @@ class Rounds:
             return 0
         self.fetching = None
         fetched = 0
+        clock = source.watermarks
+        now = time.monotonic()
         for result in fetching.result():  # a failure of stage 1 fails the job here
             for offset, reason in result.malformed:
                 log.warning(
@@ -235,14 +254,37 @@ class Rounds:
                 )  # fmt: skip
             partition = (result.topic, result.partition)
             started_at = source.positions[partition]
+            before = clock.highest.get(partition) if clock is not None else None
             for subtask, name, rows, size in result.segments:
-                channels[subtask].append(name, rows, size, partition, started_at)
+                channels[subtask].append(
+                    name, rows, size, partition, started_at, event_time_before=before
+                )
+            if clock is not None:
+                clock.observe(partition, result.highest_event_time, now)
             source.positions[partition] = result.next_offset
             source.capped[partition] = result.capped
             self.progress.read(partition, result.next_offset, result.records)
             fetched += result.records
             self.input_bytes += result.bytes_read
+        self.watermarks(source, channels)
         return fetched
+
+    def watermarks(self, source: Reader, channels: list[Channel]) -> None:
+        """The source's watermark now (`MAX_WATERMARK` once a bounded input is read), marked in
+        every channel after what it holds; restored channels first get the watermark their
+        snapshot stood at after its channel state."""
+        for channel in channels:
+            if channel.restored_mark is not None:
+                channel.mark(channel.restored_mark)
+                channel.restored_mark = None
+        clock = source.watermarks
+        if clock is None:
+            return
+        if source.finished() and not clock.ended:
+            clock.end()
+        watermark = clock.advance(time.monotonic())
+        for channel in channels:
+            channel.mark(watermark)
 
     # --- stage 2 ---------------------------------------------------------------------------------
 
@@ -256,17 +298,24 @@ class Rounds:
         work = [i for i, segments in taken.items() if segments]
         if end_of_input:
             work = list(range(self.settings.parallelism))
+        for i, channel in enumerate(channels):
+            if i not in work:  # nothing to process: its watermark moves on at once
+                channel.advance(channel.reach([]))
         if not work:
             return []
         self.rounds += 1
         self.round = (self.rounds, taken)
-        tasks = [self._process_task(i, taken[i], backend, emit, end_of_input) for i in work]
+        self.reaches = {i: channels[i].reach(taken[i]) for i in work}
+        tasks = [
+            self._process_task(i, taken[i], backend, emit, end_of_input, channels[i].watermark)
+            for i in work
+        ]
         self.asked = {task.subtask: task.state for task in tasks}
         return tasks
 
     def _process_task(
         self, subtask: int, segments: list[Segment], backend: StateBackend, emit: Emit | None,
-        end_of_input: bool,
+        end_of_input: bool, watermark: int,
     ) -> ProcessTask:  # fmt: skip
         settings = self.settings
         seq = backend.seq(self.rounds)
@@ -274,7 +323,7 @@ class Rounds:
         return ProcessTask(
             subtask, settings.channel_dir, [s.path for s in segments], state,
             backend.run_path(seq, subtask), output_file(settings.sink_dir, self.rounds, subtask),
-            end_of_input, [s.key_groups for s in segments], settings.key, emit,
+            end_of_input, [s.key_groups for s in segments], settings.key, emit, watermark,
         )  # fmt: skip
 
     def collect_process(
@@ -302,6 +351,7 @@ class Rounds:
             backend.install(asked, result.written, backend.seq(version), now)
             self.state_bytes_written += result.written.bytes
             segment_files.discard(channels[result.subtask].consumed(taken[result.subtask]))
+            channels[result.subtask].advance(self.reaches[result.subtask])
             done.bytes_per_subtask[result.subtask] = sum(s.size for s in taken[result.subtask])
             if result.output_path is not None:
                 done.outputs.append((result.subtask, result.output_path))

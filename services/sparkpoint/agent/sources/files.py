@@ -6,12 +6,14 @@ reads every file to its end and then finishes, like a bounded Kafka source."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from fsspec.core import url_to_fs
 
 from sparkpoint.agent.job import FileSource
 from sparkpoint.agent.sources import EndsEarly, Partition, PlannedRead
+from sparkpoint.agent.time.watermarks import SourceWatermarks
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +50,19 @@ class FileSourceReader(EndsEarly):
         if not files:
             raise ValueError(f"file source {self.source.path}: no file matches")
         self.partitions: list[Partition] = [(f, 0) for f in files]
+        strategy = self.source.watermark_strategy
+        self.watermarks = SourceWatermarks(strategy, self.partitions) if strategy else None
+        """The source's event time, when it declares a watermark strategy."""
 
     @property
     def names(self) -> list[str]:
         return [f for f, _ in self.partitions]
 
-    def start(self, restored: dict[Partition, int] | None) -> None:
+    def start(
+        self, restored: dict[Partition, int] | None, event_times: dict[Partition, int] | None = None
+    ) -> None:
+        if self.watermarks is not None:
+            self.watermarks.start(event_times or {}, time.monotonic())
         for partition in self.partitions:
             self.positions[partition] = (restored or {}).get(partition, 0)
             self.ends[partition] = count_rows(partition[0], self.source.format)

@@ -6,12 +6,14 @@ there, and none here)."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
 
 from sparkpoint.agent.job import KafkaSource
 from sparkpoint.agent.sources import EndsEarly, Partition, PlannedRead, share_by_backlog
+from sparkpoint.agent.time.watermarks import SourceWatermarks
 from sparkpoint.common.kafka import consumer_config, true_end_offset
 
 log = logging.getLogger(__name__)
@@ -52,13 +54,21 @@ class KafkaSourceReader(EndsEarly):
             if metadata is None or metadata.error is not None or not metadata.partitions:
                 raise ValueError(f"source topic {topic} does not exist (create it first)")
             self.partitions += [(topic, p) for p in sorted(metadata.partitions)]
+        strategy = self.source.watermark_strategy
+        self.watermarks = SourceWatermarks(strategy, self.partitions) if strategy else None
+        """The source's event time, when it declares a watermark strategy."""
 
     @property
     def names(self) -> list[str]:
         return list(self.source.topics)
 
-    def start(self, restored: dict[Partition, int] | None) -> None:
-        """Positions from a checkpoint, else the earliest offset of every partition."""
+    def start(
+        self, restored: dict[Partition, int] | None, event_times: dict[Partition, int] | None = None
+    ) -> None:
+        """Positions from a checkpoint, else the earliest offset of every partition; with event
+        time, the highest event times the checkpoint stored (``event_times``)."""
+        if self.watermarks is not None:
+            self.watermarks.start(event_times or {}, time.monotonic())
         for partition in self.partitions:
             if restored is not None and partition in restored:
                 self.positions[partition] = restored[partition]

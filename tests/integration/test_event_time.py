@@ -1,0 +1,214 @@
+"""Event time on the real broker and real Spark: watermarks made per Kafka partition from the
+records' own timestamps, seen by the keyed function only for what its subtask has processed,
+stored in every checkpoint, and resumed (also with another parallelism) after a restore."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from sparkpoint import MIN_WATERMARK, WatermarkStrategy
+from sparkpoint.agent.example import ensure_topic
+from sparkpoint.agent.job import Job, KafkaSink, KafkaSource, KeyedFunction, KeyedState
+from sparkpoint.agent.runtime import Agent
+from sparkpoint.common.events import JobStatus
+from sparkpoint.common.kafka import make_producer
+from tests.agent_jobs import FAST_CHECKPOINTS
+from tests.conftest import KafkaUnderTest
+from tests.integration.test_agent import in_process, read_output, run_in_process, unique
+from tests.running_coordinator import Running, coordinator_in_thread, wait
+
+pytestmark = pytest.mark.spark
+
+PARTITIONS = 4
+START_MS = 1_700_000_000_000
+Seen = tuple[str, str, int, int]
+
+
+@pytest.fixture(scope="module")
+def coordinator(
+    kafka: KafkaUnderTest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Running]:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPARKPOINT_TOPIC_PREFIX", f"t{uuid.uuid4().hex[:10]}.")
+        yield from coordinator_in_thread(kafka, tmp_path_factory.mktemp("time"))
+
+
+class Watermarks(KeyedFunction):
+    """Emits each record with the watermark its round saw (after ``slow_s``: records queue in
+    the channels, and unaligned checkpoints carry them)."""
+
+    def __init__(self, slow_s: float = 0.0) -> None:
+        self.slow_s = slow_s
+
+    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        time.sleep(self.slow_s)
+        return pd.DataFrame(
+            {
+                "kind": "seen",
+                "account": records["account"].astype(str),
+                "id": records["ts"].astype("int64"),
+                "value": state.current_watermark,
+            }
+        )
+
+
+def produce(bootstrap: str, topic: str, first: int, count: int) -> None:
+    """``count`` records from number ``first`` on: record n has event time START + n seconds
+    and goes to partition n % PARTITIONS, so each partition's timestamps only rise."""
+    producer = make_producer(bootstrap)
+    for n in range(first, first + count):
+        value = {"account": f"acct-{n % 16:02d}", "ts": START_MS + n * 1000}
+        producer.produce(topic, json.dumps(value).encode(), partition=n % PARTITIONS)
+    producer.flush(30)
+
+
+UNALIGNED = {
+    "execution.checkpointing.unaligned.enabled": "true",
+    "execution.checkpointing.aligned-checkpoint-timeout": "0ms",
+    "execution.checkpointing.interval": "300ms",
+}
+
+
+def event_time_job(
+    name: str, topic: str, output: str, bounded: bool, parallelism: int,
+    settings: dict[str, str] | None = None, slow_s: float = 0.0,
+) -> Job:  # fmt: skip
+    strategy = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_column("ts")
+    return Job(
+        name=name,
+        source=KafkaSource(
+            [topic], bounded=bounded, max_records_per_partition=25, watermark_strategy=strategy
+        ),
+        key="account",
+        function=Watermarks(slow_s),
+        sink=KafkaSink(output),
+        parallelism=parallelism,
+        settings={
+            **FAST_CHECKPOINTS,
+            "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
+            **(settings or {}),
+        },
+    )
+
+
+def seen(coordinator: Running, output: str) -> list[Seen]:
+    return [row for row in read_output(coordinator.bootstrap, output) if row[0] == "seen"]
+
+
+def test_each_round_sees_the_watermark_of_what_its_subtask_processed_before_it(
+    coordinator: Running, spark: Any
+) -> None:
+    """Monotonous timestamps per partition: a record is never at or below the watermark its
+    round saw (a watermark taken from the source as it stands, not from what the subtask has
+    processed, would cover the records of the fetch that raised it). The watermark rises as
+    the input is read."""
+    topic, output = unique("events"), unique("seen")
+    ensure_topic(coordinator.bootstrap, topic, PARTITIONS)
+    produce(coordinator.bootstrap, topic, 0, 2_000)
+    job = event_time_job(unique("time"), topic, output, bounded=True, parallelism=2)
+
+    status, _ = run_in_process(job, coordinator, spark)
+
+    assert status is JobStatus.FINISHED
+    rows = seen(coordinator, output)
+    assert len(rows) == 2_000
+    late = [row for row in rows if row[2] <= row[3]]
+    assert not late, f"{len(late)} records at or below their round's watermark, e.g. {late[:3]}"
+    watermarks = sorted(row[3] for row in rows)
+    assert watermarks[0] == MIN_WATERMARK  # the first round
+    assert watermarks[-1] >= START_MS + 1_000 * 1_000, "the watermark rose with the input"
+
+
+@pytest.mark.parametrize("mode", ["aligned", "unaligned"])
+def test_a_restore_with_another_parallelism_goes_on_from_the_stored_watermark(
+    coordinator: Running, spark: Any, mode: str
+) -> None:
+    """An unbounded job, stopped after a checkpoint that stored a watermark, and restored with
+    parallelism 3 (more input meanwhile): no record from the checkpoint's positions on sees a
+    watermark below the lowest one the checkpoint stored (the restored job does not start from
+    nothing again, where its first round would see the minimum). Unaligned, with records
+    queued in the channels at the checkpoint: its channel state is processed with the
+    watermark its subtask had before it (Flink's caveat: a watermark is not restored there),
+    so no record of it is late after the restore either."""
+    topic, output = unique("events"), unique("seen")
+    ensure_topic(coordinator.bootstrap, topic, PARTITIONS)
+    produce(coordinator.bootstrap, topic, 0, 1_000)
+    unaligned = mode == "unaligned"
+    job = event_time_job(
+        unique("time"), topic, output, bounded=False, parallelism=2,
+        settings=UNALIGNED if unaligned else None, slow_s=0.05 if unaligned else 0.0,
+    )  # fmt: skip
+    first = in_process(job, coordinator, spark)
+    stored, channel = run_until_stored(first, coordinator, job.id, with_channel_state=unaligned)
+    lowest = min([s["watermark"]["value"] for s in stored] + channel)
+
+    produce(coordinator.bootstrap, topic, 1_000, 400)
+    second = in_process(replace(job, parallelism=3), coordinator, spark, restore="latest")
+    thread = threading.Thread(target=second.run, daemon=True)
+    thread.start()
+    try:
+        wait(lambda: len(seen(coordinator, output)) >= 1_400, timeout_s=120, what="every record")
+    finally:
+        second.stop()
+        thread.join(60)
+    positions = {
+        int(partition): offset
+        for snapshot in stored
+        for partition, offset in snapshot["positions"][topic].items()
+    }
+    # record n lies at offset n // PARTITIONS of partition n % PARTITIONS: the rows from the
+    # checkpoint's positions on were processed after the restore (or after that checkpoint)
+    rows = seen(coordinator, output)
+    assert len(rows) == 1_400
+    numbers = [((row[2] - START_MS) // 1000, row[3]) for row in rows]
+    after = [(n, w) for n, w in numbers if n // PARTITIONS >= positions[n % PARTITIONS]]
+    assert len(after) > 400, "the restored job re-read from the checkpoint's positions"
+    below = [(n, w) for n, w in after if w < lowest]
+    assert not below, f"{len(below)} restored records saw a watermark below {lowest}: {below[:3]}"
+    late = [row for row in rows if row[2] <= row[3]]
+    assert not late, f"{len(late)} records at or below their round's watermark, e.g. {late[:3]}"
+
+
+def run_until_stored(
+    agent: Agent, coordinator: Running, job_id: str, with_channel_state: bool
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """Runs ``agent`` until a completed checkpoint stored a watermark above the minimum (and,
+    ``with_channel_state``, records in flight), then stops it; returns that checkpoint's
+    source snapshots and the watermarks its channel state records."""
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    found: list[dict[str, Any]] = []
+    channel: list[int] = []
+
+    def stored() -> bool:
+        base = coordinator.root / "checkpoints" / job_id
+        for directory in sorted(base.glob("chk-*"), key=lambda p: int(p.name[4:]), reverse=True):
+            if not (directory / "_metadata").exists():
+                continue
+            snapshots = [json.loads(p.read_text()) for p in directory.glob("source-*.json")]
+            manifests = [json.loads(p.read_text()) for p in directory.glob("channel-*.json")]
+            if with_channel_state and not any(m["segments"] for m in manifests):
+                return False
+            if snapshots and all(s["watermark"]["value"] > MIN_WATERMARK for s in snapshots):
+                found[:] = snapshots
+                channel[:] = [m["watermark"] for m in manifests if "watermark" in m]
+                return True
+            return False
+        return False
+
+    try:
+        wait(stored, timeout_s=120, what="a checkpoint with a watermark")
+    finally:
+        agent.stop()
+        thread.join(60)
+    time.sleep(0.1)
+    return found, channel
