@@ -23,7 +23,14 @@ from sparkpoint.common.events import JobStatus
 from sparkpoint.common.kafka import make_producer
 from tests.agent_jobs import FAST_CHECKPOINTS
 from tests.conftest import KafkaUnderTest
-from tests.integration.test_agent import in_process, read_output, run_in_process, unique
+from tests.integration.test_agent import (
+    committed_transactions,
+    in_process,
+    read_output,
+    read_tokened,
+    run_in_process,
+    unique,
+)
 from tests.running_coordinator import Running, coordinator_in_thread, wait
 
 pytestmark = pytest.mark.spark
@@ -46,8 +53,9 @@ class Watermarks(KeyedFunction):
     """Emits each record with the watermark its round saw (after ``slow_s``: records queue in
     the channels, and unaligned checkpoints carry them)."""
 
-    def __init__(self, slow_s: float = 0.0) -> None:
+    def __init__(self, slow_s: float = 0.0, column: str = "ts") -> None:
         self.slow_s = slow_s
+        self.column = column
 
     def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
         time.sleep(self.slow_s)
@@ -55,7 +63,7 @@ class Watermarks(KeyedFunction):
             {
                 "kind": "seen",
                 "account": records["account"].astype(str),
-                "id": records["ts"].astype("int64"),
+                "id": records[self.column].astype("int64"),
                 "value": state.current_watermark,
             }
         )
@@ -212,3 +220,91 @@ def run_until_stored(
         thread.join(60)
     time.sleep(0.1)
     return found, channel
+
+
+def test_kafka_timestamps_make_the_watermark_and_an_idle_partition_stops_holding_it_back(
+    coordinator: Running, spark: Any
+) -> None:
+    """No timestamp column: each record's Kafka timestamp is its event time (column
+    ``timestamp``). One of two partitions never gets a record: without idleness the watermark
+    stays at the minimum; with an idle timeout of 300 ms it follows the other partition."""
+    results = {}
+    for idleness in (None, "300ms"):
+        topic, output = unique("events"), unique("seen")
+        ensure_topic(coordinator.bootstrap, topic, 2)
+        producer = make_producer(coordinator.bootstrap)
+        for n in range(300):
+            value = json.dumps({"account": f"acct-{n % 4}"}).encode()
+            producer.produce(topic, value, partition=0, timestamp=START_MS + n * 1000)
+        producer.flush(30)
+        strategy = WatermarkStrategy.for_monotonous_timestamps()
+        if idleness is not None:
+            strategy = strategy.with_idleness(idleness)
+        job = Job(
+            name=unique("kafka-time"),
+            source=KafkaSource([topic], max_records_per_partition=20, watermark_strategy=strategy),
+            key="account",
+            function=Watermarks(slow_s=0.1, column="timestamp"),
+            sink=KafkaSink(output),
+            settings=FAST_CHECKPOINTS,
+        )
+        agent = in_process(job, coordinator, spark)
+        thread = threading.Thread(target=agent.run, daemon=True)
+        thread.start()
+        try:
+            wait(lambda o=output: len(seen(coordinator, o)) >= 300, 120, "every record")
+        finally:
+            agent.stop()
+            thread.join(60)
+        rows = seen(coordinator, output)
+        assert sorted(row[2] for row in rows) == [START_MS + n * 1000 for n in range(300)]
+        results[idleness] = max(row[3] for row in rows)
+    assert results[None] == MIN_WATERMARK
+    assert results["300ms"] > START_MS
+
+
+def test_alignment_holds_a_partition_far_ahead_until_the_slow_one_is_read(
+    coordinator: Running, spark: Any
+) -> None:
+    """Partition 1's event times are 10^6 s ahead of partition 0's, the maximum drift 20 s: after
+    the first round partition 1 is not read while partition 0 has records (a bounded input:
+    once partition 0 is read to its end it sets no pace). One key, so the output's order is
+    the order of processing: partition 1's records come after partition 0's, but for the
+    first round's."""
+    topic, output = unique("events"), unique("seen")
+    ensure_topic(coordinator.bootstrap, topic, 2)
+    producer = make_producer(coordinator.bootstrap)
+    for n in range(200):
+        for partition, base in ((0, START_MS), (1, START_MS + 10**9)):
+            value = json.dumps({"account": "one", "ts": base + n * 1000}).encode()
+            producer.produce(topic, value, partition=partition)
+    producer.flush(30)
+    strategy = (
+        WatermarkStrategy.for_monotonous_timestamps()
+        .with_timestamp_column("ts")
+        .with_watermark_alignment("all", "20s")
+    )
+    job = Job(
+        name=unique("aligned-time"),
+        source=KafkaSource(
+            [topic], bounded=True, max_records_per_partition=10, watermark_strategy=strategy
+        ),
+        key="account",
+        function=Watermarks(),
+        sink=KafkaSink(output),
+        settings=FAST_CHECKPOINTS,
+    )
+    status, _ = run_in_process(job, coordinator, spark)
+    assert status is JobStatus.FINISHED
+    committed = committed_transactions(coordinator.bootstrap)
+    ordered = [
+        row[2] >= START_MS + 10**9
+        for token, row in read_tokened(coordinator.bootstrap, output, json.loads, True)
+        if token is None or token in committed
+    ]
+    assert len(ordered) == 400
+    last_slow = len(ordered) - 1 - ordered[::-1].index(False)
+    ahead_before_slow_ends = ordered[:last_slow].count(True)
+    assert ahead_before_slow_ends <= 10, (
+        f"{ahead_before_slow_ends} records of the partition ahead came before the slow one ended"
+    )

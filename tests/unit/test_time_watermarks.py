@@ -87,6 +87,9 @@ def test_alignment_pauses_partitions_far_ahead_of_the_slowest() -> None:
     assert clock.paused(1.0) == {A}
     clock.observe(B, 9_500, now_s=2.0)
     assert clock.paused(2.0) == set()
+    clock.observe(A, 20_000, now_s=3.0)
+    assert clock.paused(3.0) == {A}
+    assert clock.paused(3.0, finished=[B]) == set()  # B read to its end sets no pace
 
 
 def test_a_restored_source_goes_on_from_its_highest_event_times() -> None:

@@ -204,7 +204,8 @@ class Rounds:
         planned = source.plan()
         self.progress.seen_ends(source.highs.items())
         if source.watermarks is not None:  # alignment: partitions far ahead wait
-            paused = source.watermarks.paused(time.monotonic())
+            finished = [p for p, end in source.ends.items() if source.positions[p] >= end]
+            paused = source.watermarks.paused(time.monotonic(), finished)
             planned = {p: read for p, read in planned.items() if p not in paused}
         if not planned:
             return []

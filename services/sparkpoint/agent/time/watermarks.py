@@ -80,13 +80,15 @@ class SourceWatermarks:
         self.current = MAX_WATERMARK
         return self.current
 
-    def paused(self, now_s: float) -> set[Partition]:
+    def paused(self, now_s: float, finished: Iterable[Partition] = ()) -> set[Partition]:
         """Alignment: the partitions whose watermark is more than the maximum drift ahead of
-        the slowest active partition's, not read this round (none without alignment)."""
+        the slowest active partition's, not read this round (none without alignment). Idle
+        partitions and ``finished`` ones (read to their end) set no pace, as in Flink."""
         drift = self.strategy.max_drift_ms
         if drift is None:
             return set()
-        active = [p for p in self.partitions if not self.idle(p, now_s)]
+        done = set(finished)
+        active = [p for p in self.partitions if not self.idle(p, now_s) and p not in done]
         if len(active) < 2:
             return set()
         slowest = min(self.partition_watermark(p) for p in active)
