@@ -228,7 +228,8 @@ def test_kafka_timestamps_make_the_watermark_and_an_idle_partition_stops_holding
     """No timestamp column: each record's Kafka timestamp is its event time (column
     ``timestamp``). One of two partitions never gets a record: without idleness the watermark
     stays at the minimum; with an idle timeout of 300 ms it follows the other partition."""
-    results = {}
+    results: dict[str | None, int] = {}
+    shown: dict[str | None, list[dict[str, str]]] = {}
     for idleness in (None, "300ms"):
         topic, output = unique("events"), unique("seen")
         ensure_topic(coordinator.bootstrap, topic, 2)
@@ -253,6 +254,7 @@ def test_kafka_timestamps_make_the_watermark_and_an_idle_partition_stops_holding
         thread.start()
         try:
             wait(lambda o=output: len(seen(coordinator, o)) >= 300, 120, "every record")
+            shown[idleness] = shown_watermarks(coordinator, job.id)
         finally:
             agent.stop()
             thread.join(60)
@@ -261,6 +263,27 @@ def test_kafka_timestamps_make_the_watermark_and_an_idle_partition_stops_holding
         results[idleness] = max(row[3] for row in rows)
     assert results[None] == MIN_WATERMARK
     assert results["300ms"] > START_MS
+    # Flink's REST shape, from the heartbeats: every keyed subtask's input watermark
+    assert [w["id"] for w in shown[None]] == ["0.currentInputWatermark", "1.currentInputWatermark"]
+    assert {int(w["value"]) for w in shown[None]} == {MIN_WATERMARK}
+    assert all(int(w["value"]) > START_MS for w in shown["300ms"]), shown["300ms"]
+
+
+def shown_watermarks(coordinator: Running, job_id: str) -> list[dict[str, str]]:
+    """The keyed stage's watermarks as ``GET /jobs/{id}/vertices/{v}/watermarks`` shows them,
+    once a heartbeat carried the watermark the output shows."""
+    answer: list[dict[str, str]] = []
+
+    def reported() -> bool:
+        with coordinator.client() as client:
+            keyed = client.get(f"/jobs/{job_id}").json()["vertices"][1]["id"]
+            answer[:] = client.get(f"/jobs/{job_id}/vertices/{keyed}/watermarks").json()
+        return len(answer) == 2 and len({w["value"] for w in answer}) >= 1
+
+    wait(reported, 30, "watermarks shown")
+    time.sleep(2.5)  # the heartbeat after the last round
+    reported()
+    return answer
 
 
 def test_alignment_holds_a_partition_far_ahead_until_the_slow_one_is_read(

@@ -226,3 +226,40 @@ def test_prometheus_lines_carry_flinks_metric_names_per_job_and_partition() -> N
         'topic="payments",partition="0"} 300'
     ) in text
     assert "job-0002" not in text  # nothing reported: no figures invented
+
+
+def test_watermarks_have_flinks_ids_per_subtask_and_none_without_event_time() -> None:
+    untimed = Job(job_registered(), heartbeat(partition(0, 1, 2)))
+    assert progress_views.watermarks(untimed, 0) == []
+    assert progress_views.watermarks(untimed, 1) == []
+    beat = replace(heartbeat(partition(0, 1, 2)), source_watermark=5_000, watermarks=[4_000, 3_000])
+    timed = Job(job_registered(), beat)
+    assert progress_views.watermarks(timed, 0) == [
+        {"id": "0.currentOutputWatermark", "value": "5000"},
+        {"id": "1.currentOutputWatermark", "value": "5000"},
+    ]
+    assert progress_views.watermarks(timed, 1) == [
+        {"id": "0.currentInputWatermark", "value": "4000"},
+        {"id": "1.currentInputWatermark", "value": "3000"},
+    ]
+    keyed = progress_views.vertex_metrics(timed, 1, T0, ["1.currentInputWatermark"])
+    assert keyed == [{"id": "1.currentInputWatermark", "value": "3000.0"}]
+    text = "\n".join(progress_views.prometheus_lines([timed, untimed], T0 + 20_000))
+    assert (
+        'flink_taskmanager_job_task_operator_currentInputWatermark{job_id="job-0001",'
+        'job_name="payments",subtask_index="1"} 3000'
+    ) in text
+    assert text.count("currentOutputWatermark{") == 1
+
+
+def test_the_agent_reports_watermarks_through_the_codec() -> None:
+    from sparkpoint.common.avro import EventCodec
+
+    tracked, _ = progress()
+    tracked.watermarked(7_000, [6_000, -(2**63)])
+    beat = AgentHeartbeat(JOB, "agent-a", 0, T0, **tracked.report())  # type: ignore[arg-type]
+    codec = EventCodec()
+    decoded = codec.decode(codec.encode(beat))
+    assert decoded == beat and decoded.watermarks == [6_000, -(2**63)]
+    tracked.start({})
+    assert tracked.report()["watermarks"] == []

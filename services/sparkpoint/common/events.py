@@ -437,6 +437,10 @@ class AgentHeartbeat:
     records_out_per_second: int = 0
     backpressured_ms_per_second: int = 0
     partitions: list[PartitionProgress] = field(default_factory=list)
+    source_watermark: int = -(2**63)
+    """The sources' watermark (Long.MIN_VALUE: none, or no event time)."""
+    watermarks: list[int] = field(default_factory=list)
+    """Each keyed subtask's watermark, by index (empty: no event time)."""
 
 
 Event = (

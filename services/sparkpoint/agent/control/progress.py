@@ -53,12 +53,16 @@ class Progress:
     held_since: float | None = None
     partitions: dict[Partition, PartitionState] = field(default_factory=dict)
     samples: deque[Sample] = field(default_factory=deque)
+    source_watermark: int = -(2**63)
+    watermarks: list[int] = field(default_factory=list)
+    """Event time: the sources' watermark and each keyed subtask's (empty: no event time)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self, positions: dict[Partition, int]) -> None:
         """A new attempt: counters from zero, partitions where the attempt starts reading."""
         with self.lock:
             self.records_in = self.records_out = 0
+            self.source_watermark, self.watermarks = -(2**63), []
             self.held_s, self.held_since = 0.0, None
             self.partitions = {p: PartitionState(position) for p, position in positions.items()}
             self.samples.clear()
@@ -79,6 +83,11 @@ class Progress:
             state.end = max(state.end, next_offset) if state.end >= 0 else state.end
             state.records_in += records
             self.records_in += records
+
+    def watermarked(self, source: int, subtasks: list[int]) -> None:
+        """Where event time stands: the sources' watermark and each keyed subtask's."""
+        with self.lock:
+            self.source_watermark, self.watermarks = source, subtasks
 
     def emitted(self, records: int) -> None:
         with self.lock:
@@ -129,4 +138,6 @@ class Progress:
                     )
                     for (topic, number), s in sorted(self.partitions.items())
                 ],
+                "source_watermark": self.source_watermark,
+                "watermarks": list(self.watermarks),
             }

@@ -286,6 +286,7 @@ class Rounds:
         watermark = clock.advance(time.monotonic())
         for channel in channels:
             channel.mark(watermark)
+        self.progress.watermarked(watermark, [c.watermark for c in channels])
 
     # --- stage 2 ---------------------------------------------------------------------------------
 
@@ -358,6 +359,9 @@ class Rounds:
                 done.outputs.append((result.subtask, result.output_path))
             self.progress.emitted(result.output_rows)
         self.processed_rows += sum(s.rows for segments in taken.values() for s in segments)
+        if self.settings.source.watermark_strategy is not None:
+            source_watermark = self.progress.source_watermark
+            self.progress.watermarked(source_watermark, [c.watermark for c in channels])
         return done
 
     # --- the end of an attempt -----------------------------------------------------------------------

@@ -78,8 +78,8 @@ class JobHandlers:
         self, jobid: str, vertexid: str, what: str, get: str | None = None
     ) -> Any:
         """A stage's metrics, metrics over its subtasks and back-pressure, as Flink's dashboard
-        asks for them, from the agent's heartbeats (`progress_views`); its watermarks: none
-        (an empty list, as Flink answers before it has any)."""
+        asks for them, from the agent's heartbeats (`progress_views`), and its watermarks (an
+        empty list while it has none, as Flink answers)."""
         job = known(self.ctx, jobid)
         if what not in ("watermarks", "metrics", "subtasks/metrics", "backpressure"):
             raise HTTPException(404, f"No {what} of vertex {vertexid}")
@@ -94,7 +94,7 @@ class JobHandlers:
             return progress_views.aggregated_metrics(job, vertex, now, names)
         if what == "backpressure":
             return progress_views.backpressure(job, vertex, now)
-        return []
+        return progress_views.watermarks(job, vertex)
 
     @handles(
         "GET",

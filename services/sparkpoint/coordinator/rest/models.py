@@ -292,7 +292,7 @@ class Applications(BaseModel):
 
 class VertexMetrics(RootModel[list[dict[str, Any]] | dict[str, Any]]):
     """A stage's metrics (ids, or values with ``get``), its metrics over its subtasks, its
-    back-pressure, or its watermarks (none: an empty list), in Flink's shapes."""
+    back-pressure, or its watermarks (an empty list while it has none), in Flink's shapes."""
 
 
 class JobProgress(BaseModel):

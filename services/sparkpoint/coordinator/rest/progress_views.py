@@ -110,6 +110,21 @@ def progress(job: Reporting, now_ms: int) -> dict[str, Any]:
 # --- Flink's shapes -------------------------------------------------------------------------------
 
 
+def watermarks(job: Reporting, vertex: int) -> list[dict[str, Any]]:
+    """``GET /jobs/{id}/vertices/{v}/watermarks`` as Flink answers it: per subtask, the source
+    stage's ``currentOutputWatermark`` (the sources' watermark) or the keyed stage's
+    ``currentInputWatermark``, as strings of ms; none before a job with event time reported
+    one (Flink's dashboard then says "No Watermark")."""
+    beat = job.progress
+    if beat is None or not beat.watermarks:
+        return []
+    if vertex == 0:
+        name, values = "currentOutputWatermark", [beat.source_watermark] * len(beat.watermarks)
+    else:
+        name, values = "currentInputWatermark", list(beat.watermarks)
+    return [{"id": f"{i}.{name}", "value": str(value)} for i, value in enumerate(values)]
+
+
 def subtask_metrics(job: Reporting, vertex: int, now_ms: int) -> dict[int, dict[str, float]]:
     """Per subtask of a vertex (0: the source stage, 1: the keyed stage), Flink's task and
     source metrics that the heartbeats carry."""
@@ -122,6 +137,7 @@ def subtask_metrics(job: Reporting, vertex: int, now_ms: int) -> dict[int, dict[
         held = float(beat.backpressured_ms_per_second)
         for i in out:
             out[i] = {
+                **_watermark_metric(beat, i, "currentOutputWatermark"),
                 "numRecordsInPerSecond": 0.0,
                 "numRecordsOutPerSecond": 0.0,
                 "pendingRecords": 0.0,
@@ -141,8 +157,19 @@ def subtask_metrics(job: Reporting, vertex: int, now_ms: int) -> dict[int, dict[
     else:
         share = float(beat.records_out_per_second) / max(1, parallelism)
         for i in out:  # the keyed stage's output is counted per job: shown evenly per subtask
-            out[i] = {"numRecordsOutPerSecond": share, "backPressuredTimeMsPerSecond": 0.0}
+            out[i] = {
+                **_watermark_metric(beat, i, "currentInputWatermark"),
+                "numRecordsOutPerSecond": share,
+                "backPressuredTimeMsPerSecond": 0.0,
+            }
     return out
+
+
+def _watermark_metric(beat: AgentHeartbeat, subtask: int, name: str) -> dict[str, float]:
+    if subtask >= len(beat.watermarks):
+        return {}
+    value = beat.source_watermark if name == "currentOutputWatermark" else beat.watermarks[subtask]
+    return {name: float(value)}
 
 
 def vertex_metrics(
@@ -237,6 +264,10 @@ PARTITION_PROMETHEUS = (
     ("flink_taskmanager_job_task_operator_sourceIdleTime", "gauge", "Milliseconds since the partition's position last moved."),
     ("sparkpoint_source_stalled", "gauge", "1 when the partition has a lag and has not advanced for 10 s."),
 )  # fmt: skip
+WATERMARK_PROMETHEUS = (
+    ("flink_taskmanager_job_task_operator_currentOutputWatermark", "gauge", "The sources' event-time watermark, ms since the epoch."),
+    ("flink_taskmanager_job_task_operator_currentInputWatermark", "gauge", "A keyed subtask's event-time watermark, ms since the epoch."),
+)  # fmt: skip
 
 
 def prometheus_lines(jobs: Sequence[Reporting], now_ms: int) -> list[str]:
@@ -267,6 +298,16 @@ def prometheus_lines(jobs: Sequence[Reporting], now_ms: int) -> list[str]:
                     "flink_taskmanager_job_task_operator_sourceIdleTime": view.idle_ms,
                 }.get(name, int(view.stalled))  # fmt: skip
                 labels = f'{_job_labels(job)},topic="{_escape(p.topic)}",partition="{p.partition}"'
+                lines.append(f"{name}{{{labels}}} {value}")
+    timed = [(job, beat) for job, beat in reported if beat is not None and beat.watermarks]
+    for name, kind, help_text in WATERMARK_PROMETHEUS:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        for job, beat in timed:
+            if name.endswith("currentOutputWatermark"):
+                lines.append(f"{name}{{{_job_labels(job)}}} {beat.source_watermark}")
+                continue
+            for subtask, value in enumerate(beat.watermarks):
+                labels = f'{_job_labels(job)},subtask_index="{subtask}"'
                 lines.append(f"{name}{{{labels}}} {value}")
     return lines
 
