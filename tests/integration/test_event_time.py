@@ -8,16 +8,24 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 import pytest
 
 from sparkpoint import MIN_WATERMARK, WatermarkStrategy
 from sparkpoint.agent.example import ensure_topic
-from sparkpoint.agent.job import Job, KafkaSink, KafkaSource, KeyedFunction, KeyedState
+from sparkpoint.agent.job import (
+    Job,
+    KafkaSink,
+    KafkaSource,
+    KeyedFunction,
+    KeyedState,
+    MapState,
+    StateDescriptor,
+)
 from sparkpoint.agent.runtime import Agent
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.kafka import make_producer
@@ -186,6 +194,22 @@ def test_a_restore_with_another_parallelism_goes_on_from_the_stored_watermark(
     assert not late, f"{len(late)} records at or below their round's watermark, e.g. {late[:3]}"
 
 
+def read_past(coordinator: Running, job_id: str, topic: str, offset: int) -> bool:
+    """Whether the newest completed checkpoint of ``job_id`` has every partition past
+    ``offset``."""
+    base = coordinator.root / "checkpoints" / job_id
+    done = [d for d in base.glob("chk-*") if (d / "_metadata").exists()]
+    if not done:
+        return False
+    newest = max(done, key=lambda d: int(d.name[4:]))
+    positions = [
+        offset_
+        for p in newest.glob("source-*.json")
+        for offset_ in json.loads(p.read_text())["positions"].get(topic, {}).values()
+    ]
+    return len(positions) == PARTITIONS and min(positions) > offset
+
+
 def run_until_stored(
     agent: Agent, coordinator: Running, job_id: str, with_channel_state: bool
 ) -> tuple[list[dict[str, Any]], list[int]]:
@@ -331,3 +355,159 @@ def test_alignment_holds_a_partition_far_ahead_until_the_slow_one_is_read(
     assert ahead_before_slow_ends <= 10, (
         f"{ahead_before_slow_ends} records of the partition ahead came before the slow one ended"
     )
+
+
+# --- timers -----------------------------------------------------------------------------------------
+
+WINDOW_MS = 10_000
+
+
+class WindowCounts(KeyedFunction):
+    """10 s tumbling event-time windows counted per account: a timer at each window's last
+    millisecond emits its count once the watermark passes it, also for an account that sends
+    nothing more."""
+
+    state: ClassVar[Mapping[str, StateDescriptor]] = {
+        "counts": MapState(key_dtype="int64", dtype="int64")
+    }
+
+    def __init__(self, slow_s: float = 0.0, window_ms: int = WINDOW_MS) -> None:
+        self.slow_s = slow_s
+        self.window_ms = window_ms
+
+    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        time.sleep(self.slow_s)
+        starts = records["ts"].astype("int64") // self.window_ms * self.window_ms
+        counts = records.groupby([records["account"].astype(object), starts]).size()
+        counts.index = counts.index.set_names(["key", "user_key"])
+        known = state.map("counts").reindex(counts.index).fillna(0).astype("int64")
+        state.put_in_map("counts", (counts + known).astype("int64"))
+        ends = pd.Series(
+            counts.index.get_level_values(1) + self.window_ms - 1,
+            index=counts.index.get_level_values(0),
+        )
+        state.register_event_time_timers(ends)
+        return pd.DataFrame()
+
+    def on_timer(self, timers: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        starts = timers["timestamp"] + 1 - self.window_ms
+        index = pd.MultiIndex.from_arrays(
+            [timers["account"].to_numpy(dtype=object), starts.to_numpy()],
+            names=["key", "user_key"],
+        )
+        counts = state.map("counts").reindex(index)
+        state.remove_from_map("counts", index)
+        return pd.DataFrame(
+            {
+                "kind": "window",
+                "account": timers["account"].to_numpy(),
+                "id": starts.to_numpy(),
+                "value": counts.fillna(-1).astype("int64").to_numpy(),
+            }
+        )
+
+
+def window_input(count: int) -> list[tuple[int, str, int]]:
+    """(partition, account, ts): record n at START + n * 100 ms on partition n % PARTITIONS;
+    accounts 'early-*' only in the first 5 s of event time."""
+    out = []
+    for n in range(count):
+        early = n * 100 < 5_000
+        account = f"early-{n % 3}" if early and n % 2 else f"acct-{n % 7}"
+        out.append((n % PARTITIONS, account, START_MS + n * 100))
+    return out
+
+
+def produce_windows(bootstrap: str, topic: str, rows: list[tuple[int, str, int]]) -> None:
+    producer = make_producer(bootstrap)
+    for partition, account, ts in rows:
+        value = json.dumps({"account": account, "ts": ts}).encode()
+        producer.produce(topic, value, partition=partition)
+    producer.flush(30)
+
+
+def window_reference(rows: list[tuple[int, str, int]], window_ms: int = WINDOW_MS) -> list[Seen]:
+    counts: dict[tuple[str, int], int] = {}
+    for _, account, ts in rows:
+        start = ts // window_ms * window_ms
+        counts[(account, start)] = counts.get((account, start), 0) + 1
+    return sorted(("window", a, s, c) for (a, s), c in counts.items())
+
+
+def windows(coordinator: Running, output: str) -> list[Seen]:
+    return [row for row in read_output(coordinator.bootstrap, output) if row[0] == "window"]
+
+
+def window_job(
+    name: str, topic: str, output: str, parallelism: int, slow_s: float,
+    window_ms: int = WINDOW_MS,
+) -> Job:  # fmt: skip
+    strategy = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_column("ts")
+    return Job(
+        name=name,
+        source=KafkaSource(
+            [topic], bounded=True, max_records_per_partition=25, watermark_strategy=strategy
+        ),
+        key="account",
+        function=WindowCounts(slow_s, window_ms),
+        sink=KafkaSink(output),
+        parallelism=parallelism,
+        settings={
+            **FAST_CHECKPOINTS,
+            "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
+        },
+    )
+
+
+def test_timers_fire_windows_as_the_watermark_passes_them_exactly_once(
+    coordinator: Running, spark: Any
+) -> None:
+    """Windows by timers on a bounded input: each window's count is emitted once, when the
+    watermark passes its end (most before the input ends: the final watermark fires only the
+    last ones), including the windows of accounts that send nothing after the first 5 s."""
+    topic, output = unique("events"), unique("windows")
+    ensure_topic(coordinator.bootstrap, topic, PARTITIONS)
+    rows = window_input(3_000)
+    produce_windows(coordinator.bootstrap, topic, rows)
+    job = window_job(unique("windows"), topic, output, 2, slow_s=0.0)
+
+    status, _ = run_in_process(job, coordinator, spark)
+
+    assert status is JobStatus.FINISHED
+    got = windows(coordinator, output)
+    assert got == window_reference(rows)
+    assert any(a.startswith("early-") for _, a, _, _ in got)
+
+
+def test_pending_timers_survive_a_restore_with_another_parallelism(
+    coordinator: Running, spark: Any
+) -> None:
+    """Windows longer than the input (every timer fires at its end, with the final watermark);
+    stopped after a checkpoint that holds their timers, restored with parallelism 3: every
+    window is emitted exactly once, also those of the accounts whose only records came before
+    the checkpoint (their timers are found in the restored key groups; the restore does not
+    know where timers lie, and reads each key group's once)."""
+    topic, output = unique("events"), unique("windows")
+    ensure_topic(coordinator.bootstrap, topic, PARTITIONS)
+    rows = window_input(3_000)
+    produce_windows(coordinator.bootstrap, topic, rows)
+    long = 10**9
+    job = window_job(unique("windows"), topic, output, 2, slow_s=0.1, window_ms=long)
+    first = in_process(job, coordinator, spark)
+    thread = threading.Thread(target=first.run, daemon=True)
+    thread.start()
+    try:  # a checkpoint past every early account's records (partitions of 750 records)
+        wait(lambda: read_past(coordinator, job.id, topic, 100), 120, "a checkpoint past 100")
+    finally:
+        first.stop()
+        thread.join(60)
+
+    status, _ = run_in_process(
+        replace(job, parallelism=3, function=WindowCounts(window_ms=long)), coordinator, spark,
+        restore="latest",
+    )  # fmt: skip
+
+    assert status is JobStatus.FINISHED
+    got = windows(coordinator, output)
+    want = window_reference(rows, long)
+    assert got == want, f"{len(got)} windows against {len(want)}: {got[:5]}"

@@ -225,3 +225,18 @@ def test_runs_merge_only_while_they_fit_in_the_memory_budget() -> None:
     for seq in range(1, FAN_IN + 1):
         a_round(roomy, seq, (1,))
     assert len(roomy.subtask_state(ALL, roomy.seq(FAN_IN + 1), 0, 0.0).merge) == FAN_IN
+
+
+def test_a_merge_that_holds_nothing_live_drops_its_runs_and_its_empty_file_goes() -> None:
+    """A restored run can span key groups it has no rows of: merged for those, it holds
+    nothing. Its runs leave the chains (they held nothing there) and the empty merged file is
+    garbage; the books do not fail on a merge of no key group (a restore at parallelism 3 did)."""
+    b = StateBackend("/state")
+    for seq in range(1, FAN_IN + 1):
+        a_round(b, seq, (1,))
+    asked = b.subtask_state(ALL, FAN_IN + 1, 0, 0.0)
+    assert asked.merge, "the books ask for a merge of the full level"
+    written = Written(None, (asked.merge_path, 0, ()), {})
+    b.install(asked, written, FAN_IN + 1, 0.0)
+    assert not any(r.path in set(asked.merge) for r in b.chains[1].runs)
+    assert asked.merge_path in b.collect_garbage()

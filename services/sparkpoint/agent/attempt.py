@@ -24,7 +24,7 @@ from sparkpoint.agent.checkpointing.snapshots import (
     SubtaskCheckpointer,
 )
 from sparkpoint.agent.control.progress import Progress
-from sparkpoint.agent.job import FileSource, Job
+from sparkpoint.agent.job import FileSource, Job, declared_state, has_timers
 from sparkpoint.agent.options import AgentOptions, Places
 from sparkpoint.agent.recovery.filter_jobs import adopt
 from sparkpoint.agent.recovery.restore import Restored, load, resolve_latest
@@ -107,6 +107,10 @@ class AttemptMaker:
         if restored is not None:
             self._check_positions(restored, source)
             backend.restore(restored.state_files.values(), restored.shared)
+            if has_timers(self.job.function):  # read each key group's timers once
+                backend.timers.restored(
+                    g for f in restored.state_files.values() for g in range(f.first, f.last + 1)
+                )
         self._local_recovery(backend, restored)
         source.start(
             restored.positions if restored else None, restored.event_times if restored else None
@@ -166,7 +170,7 @@ class AttemptMaker:
 
     def _fold(self) -> Fold | None:
         """A canonical savepoint's fold of a subtask's key groups, as a Spark task."""
-        jobs, declared = self.jobs, self.job.function.state
+        jobs, declared = self.jobs, declared_state(self.job.function)
         if jobs is None:
             return None
         work = functools.partial(fold, declared=declared)

@@ -153,14 +153,57 @@ class KeyedState:
     def remove_from_map(self, name: str, index: pd.MultiIndex) -> None:
         self._remove(name, MapState, index)
 
+    # event-time timers (kept as keyed state, per key group)
+    def event_time_timers(self) -> pd.Series:
+        """The pending event-time timers of the keys given: timestamps (ms) indexed by key, a
+        key repeated for each of its timers."""
+        timers = self._timers()
+        return pd.Series(
+            timers.index.get_level_values(1).to_numpy(dtype="int64"),
+            index=pd.Index(timers.index.get_level_values(0), name="key"),
+            name="timestamp",
+            dtype="int64",
+        )
+
+    def register_event_time_timers(self, timers: pd.Series) -> None:
+        """Registers a timer per entry: timestamps (ms) indexed by key. It fires once the
+        watermark reaches it (`KeyedFunction.on_timer`); a timer registered twice fires once."""
+        index = self._timer_index(timers)
+        self._replace(TIMERS, MapState, pd.Series(True, index=index, dtype="bool"))
+
+    def delete_event_time_timers(self, timers: pd.Series) -> None:
+        """Deletes the timers given (timestamps indexed by key); unknown ones are ignored."""
+        self._remove(TIMERS, MapState, self._timer_index(timers))
+
+    def _timers(self) -> pd.Series:
+        if TIMERS not in self.declared:
+            raise TypeError("timers need a keyed function that defines on_timer")
+        return self._series[TIMERS]
+
+    def _timer_index(self, timers: pd.Series) -> pd.MultiIndex:
+        self._timers()
+        stamps = pd.Index(pd.to_numeric(timers, downcast=None).astype("int64"))
+        return pd.MultiIndex.from_arrays(
+            [pd.Index(timers.index, dtype=object), stamps], names=["key", "user_key"]
+        )
+
     def _set(self, name: str, series: pd.Series) -> None:
         series.name = name
         self._series[name] = series
         self.changed.add(name)
 
+    def add_keys(self, frames: Mapping[str, pd.Series]) -> None:
+        """More keys' state (their state as read, for keys this state does not hold yet)."""
+        for name, series in frames.items():
+            if len(series):
+                self._series[name] = pd.concat([self._series[name], series])
+
     def frames(self) -> dict[str, pd.Series]:
         return dict(self._series)
 
+
+TIMERS = "__event_timers__"
+"""The keyed state that holds a function's event-time timers: (key, timestamp) -> True."""
 
 _EMPTY: dict[StateDescriptor, pd.Series] = {}
 
@@ -199,6 +242,26 @@ class KeyedFunction:
 
     def on_end_of_input(self, state: KeyedState) -> pd.DataFrame:
         return pd.DataFrame()
+
+    def on_timer(self, timers: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        """Event-time timers that fired this round: a frame with the key column and
+        ``timestamp``, in timestamp order, once the subtask's watermark reached them (Flink's
+        ``onTimer``), with the `KeyedState` of their keys (``state.current_watermark`` is then
+        the watermark that fired them). Defining it gives the function timers; it returns the
+        records to emit. A fired timer is gone; registering it again makes a new one."""
+        return pd.DataFrame()
+
+
+def has_timers(function: KeyedFunction) -> bool:
+    return type(function).on_timer is not KeyedFunction.on_timer
+
+
+def declared_state(function: KeyedFunction) -> dict[str, StateDescriptor]:
+    """The state a function's key groups hold: what it declares, and its timers."""
+    declared = dict(function.state)
+    if has_timers(function):
+        declared[TIMERS] = MapState(key_dtype="int64", dtype="bool")
+    return declared
 
 
 # --- sources and sinks -------------------------------------------------------------------------

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from sparkpoint.agent.job import KeyedFunction, KeyedState
+from sparkpoint.agent.job import (
+    TIMERS,
+    KeyedFunction,
+    KeyedState,
+    declared_state,
+    has_timers,
+)
 from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN, from_ipc, to_ipc
 from sparkpoint.agent.rounds.user_code import UserCodeFailure, UserCodeRaised, user_code
 from sparkpoint.agent.state import changelog
@@ -47,6 +53,11 @@ class ProcessTask:
     sink's `direct`); None: the output is staged at ``output_path``."""
     watermark: int = MIN_WATERMARK
     """The subtask's event-time watermark before the round (`KeyedState.current_watermark`)."""
+    watermark_after: int = MIN_WATERMARK
+    """Its watermark once the round's segments are processed: timers up to it fire."""
+    timer_groups: list[int] = field(default_factory=list)
+    """Key groups that may hold timers up to ``watermark_after`` (the driver's `TimerIndex`):
+    their timers are read whole."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,11 @@ class ProcessResult:
     """The round's staged output, when it emitted any."""
     output_rows: int = 0
     """Records the round emitted (staged or, at-least-once, made visible)."""
+    timers_exact: dict[int, int | None] = field(default_factory=dict)
+    """The earliest pending timer of each key group whose timers the round read whole."""
+    timers_lowered: dict[int, int] = field(default_factory=dict)
+    """The earliest timer the round's keys hold in the other key groups."""
+    timers_fired: int = 0
 
 
 def keep_key_groups(frame: pd.DataFrame, groups: tuple[int, int] | None) -> pd.DataFrame:
@@ -73,7 +89,7 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     (when it has any). What the function changed is written as the round's change run, one
     file for the subtask (DESIGN.md section 4: a Python call per round, not per key group or
     record); then the compaction the driver asked for."""
-    declared = function.state
+    declared = declared_state(function)
     ranges = task.segment_key_groups or [None] * len(task.segments)
     paths = [f"{task.channel_dir}/{name}" for name in task.segments]
     segment_bytes = read_files(paths)  # on an object store, fetched together
@@ -99,6 +115,11 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     outputs: list[pd.DataFrame] = []
     if len(records):
         outputs.append(user_code(function.process, records, state))
+    fired = Fired()
+    if has_timers(function):
+        fired = fire_timers(task, function, view, state, before, keys, key_groups)
+        keys, key_groups = fired.keys, fired.groups
+        outputs += fired.outputs
     if end_hook and any(len(series) for series in state.frames().values()):
         outputs.append(user_code(function.on_end_of_input, state))
     run = round_changes(before, state, keys, key_groups)
@@ -117,7 +138,108 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
         # at-least-once: visible before the round's result reaches the driver, so before any
         # checkpoint that counts the round's input as processed
         task.emit(pd.concat(emitted, ignore_index=True))
-    return ProcessResult(task.subtask, written, output_path, rows)
+    return ProcessResult(
+        task.subtask, written, output_path, rows, fired.exact, fired.lowered, fired.count
+    )
+
+
+MAX_FIRINGS = 1_000
+"""Timers an `on_timer` call registers at or below the watermark fire in the same round, in
+turns; at most this many turns (a function that always registers another one is stopped)."""
+
+
+@dataclass
+class Fired:
+    outputs: list[pd.DataFrame] = field(default_factory=list)
+    keys: np.ndarray = field(default_factory=lambda: np.array([], dtype=object))
+    groups: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64))
+    exact: dict[int, int | None] = field(default_factory=dict)
+    lowered: dict[int, int] = field(default_factory=dict)
+    count: int = 0
+
+
+def fire_timers(
+    task: ProcessTask,
+    function: KeyedFunction,
+    view: StateView,
+    state: KeyedState,
+    before: dict[str, pd.Series],
+    keys: np.ndarray,
+    groups: np.ndarray,
+) -> Fired:
+    """Fires the subtask's timers up to its watermark after the round, in timestamp order
+    (Flink: records before a watermark first, then the timers it fires). The round's keys'
+    timers are in ``state``; the other keys of the key groups the driver named are read from
+    storage, and their state is added to ``state`` (and ``before``) when a timer of theirs
+    fires. Returns the outputs, the keys and key groups the round now covers, and what the
+    driver's `TimerIndex` learns."""
+    watermark = task.watermark_after
+    fired = Fired(keys=keys, groups=groups)
+    others = stored_timers(task, view, set(keys.tolist()))
+    if len(others):
+        due = others[others["timestamp"] <= watermark].drop_duplicates("key")
+        if len(due):
+            new_keys = due["key"].to_numpy(dtype=object)
+            new_groups = due["group"].to_numpy(dtype=np.int64)
+            found = view.lookup(new_keys, new_groups)
+            state.add_keys(found)
+            for name, series in found.items():
+                before[name] = pd.concat([before[name], series]) if len(series) else before[name]
+            fired.keys = np.concatenate([np.asarray(keys, dtype=object), new_keys])
+            fired.groups = np.concatenate([groups, new_groups])
+            others = others[~others["key"].isin(set(new_keys.tolist()))]
+    state.current_watermark = watermark
+    for _ in range(MAX_FIRINGS):
+        timers = state.event_time_timers()
+        due_now = timers[timers <= watermark]
+        if not len(due_now):
+            break
+        order = np.argsort(due_now.to_numpy(), kind="stable")
+        frame = pd.DataFrame(
+            {
+                task.key: due_now.index.to_numpy(dtype=object)[order],
+                "timestamp": due_now.to_numpy()[order],
+            }
+        )
+        state.delete_event_time_timers(due_now)
+        fired.count += len(frame)
+        fired.outputs.append(user_code(function.on_timer, frame, state))
+    earliest = earliest_timers(state, fired, others)
+    scanned = set(task.timer_groups)
+    fired.exact = {g: earliest.get(g) for g in scanned}
+    fired.lowered = {g: t for g, t in earliest.items() if g not in scanned}
+    return fired
+
+
+def stored_timers(task: ProcessTask, view: StateView, have: set[object]) -> pd.DataFrame:
+    """The timers (key, timestamp, group) stored in the key groups the driver named, of keys
+    the round does not already hold."""
+    stored: list[pd.DataFrame] = []
+    for group in task.timer_groups:
+        table = view.folded(group).rows.get(TIMERS)
+        if table is None or not table.num_rows:
+            continue
+        part = pd.DataFrame(
+            {"key": table.column("key").to_pylist(), "timestamp": table.column("user_key")}
+        )
+        part["group"] = group
+        stored.append(part[~part["key"].isin(have)])
+    return pd.concat(stored, ignore_index=True) if stored else pd.DataFrame()
+
+
+def earliest_timers(state: KeyedState, fired: Fired, others: pd.DataFrame) -> dict[int, int]:
+    """Per key group, the earliest timer still pending: of the keys the round holds, and of
+    the stored ones it did not take."""
+    group_of = dict(zip(fired.keys.tolist(), fired.groups.tolist(), strict=True))
+    pending = state.event_time_timers()
+    earliest: dict[int, int] = {}
+    for key, stamp in zip(pending.index.tolist(), pending.tolist(), strict=True):
+        group = int(group_of[key])
+        earliest[group] = min(earliest.get(group, stamp), stamp)
+    if len(others):
+        for group, stamp in others.groupby("group")["timestamp"].min().items():
+            earliest[int(group)] = min(earliest.get(int(group), int(stamp)), int(stamp))
+    return earliest
 
 
 def has_end_of_input_hook(function: KeyedFunction) -> bool:

@@ -31,7 +31,7 @@ from typing import Any
 
 from sparkpoint.agent.control.progress import Progress
 from sparkpoint.agent.formats import ValueFormat
-from sparkpoint.agent.job import KafkaSource, KeyedFunction, MapFunction, Source
+from sparkpoint.agent.job import KafkaSource, KeyedFunction, MapFunction, Source, has_timers
 from sparkpoint.agent.rounds.channels import Channel, Segment, SegmentFiles
 from sparkpoint.agent.rounds.fetch import FetchResult, FetchTask, fetch_and_partition
 from sparkpoint.agent.rounds.process import ProcessResult, ProcessTask, output_file, process_subtask
@@ -297,27 +297,37 @@ class Rounds:
         bounded input, every subtask runs once more (its end-of-input hook)."""
         max_rows = self.settings.max_rows_per_round
         taken = {i: c.take(max_rows) for i, c in enumerate(channels)}
-        work = [i for i, segments in taken.items() if segments]
+        reaches = {i: c.reach(taken[i]) for i, c in enumerate(channels)}
+        due: dict[int, list[int]] = {}
+        if has_timers(self.settings.keyed_function):
+            for i, channel in enumerate(channels):
+                after = channel.watermark_at(reaches[i])
+                due[i] = backend.timers.due(self.settings.ranges[i], after)
+        work = [i for i, segments in taken.items() if segments or due.get(i)]
         if end_of_input:
             work = list(range(self.settings.parallelism))
         for i, channel in enumerate(channels):
-            if i not in work:  # nothing to process: its watermark moves on at once
-                channel.advance(channel.reach([]))
+            if i not in work:  # nothing to process or fire: its watermark moves on at once
+                channel.advance(reaches[i])
         if not work:
             return []
         self.rounds += 1
         self.round = (self.rounds, taken)
-        self.reaches = {i: channels[i].reach(taken[i]) for i in work}
-        tasks = [
-            self._process_task(i, taken[i], backend, emit, end_of_input, channels[i].watermark)
-            for i in work
-        ]
+        self.reaches = {i: reaches[i] for i in work}
+        tasks = []
+        for i in work:
+            watermarks = (channels[i].watermark, channels[i].watermark_at(reaches[i]))
+            tasks.append(
+                self._process_task(
+                    i, taken[i], backend, emit, end_of_input, watermarks, due.get(i, [])
+                )
+            )
         self.asked = {task.subtask: task.state for task in tasks}
         return tasks
 
     def _process_task(
         self, subtask: int, segments: list[Segment], backend: StateBackend, emit: Emit | None,
-        end_of_input: bool, watermark: int,
+        end_of_input: bool, watermarks: tuple[int, int], timer_groups: list[int],
     ) -> ProcessTask:  # fmt: skip
         settings = self.settings
         seq = backend.seq(self.rounds)
@@ -325,7 +335,8 @@ class Rounds:
         return ProcessTask(
             subtask, settings.channel_dir, [s.path for s in segments], state,
             backend.run_path(seq, subtask), output_file(settings.sink_dir, self.rounds, subtask),
-            end_of_input, [s.key_groups for s in segments], settings.key, emit, watermark,
+            end_of_input, [s.key_groups for s in segments], settings.key, emit, *watermarks,
+            timer_groups,
         )  # fmt: skip
 
     def collect_process(
@@ -351,6 +362,7 @@ class Rounds:
         for result in processing.result():  # a failure of stage 2 fails the job here
             asked = self.asked[result.subtask]
             backend.install(asked, result.written, backend.seq(version), now)
+            backend.timers.update(result.timers_exact, result.timers_lowered)
             self.state_bytes_written += result.written.bytes
             segment_files.discard(channels[result.subtask].consumed(taken[result.subtask]))
             channels[result.subtask].advance(self.reaches[result.subtask])

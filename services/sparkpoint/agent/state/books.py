@@ -46,6 +46,7 @@ from typing import Any
 from sparkpoint.agent.state import local
 from sparkpoint.agent.state.backend import delete_files, segment
 from sparkpoint.agent.state.runs import CACHE_BYTES, SubtaskState, Written
+from sparkpoint.agent.time.timers import TimerIndex
 
 FAN_IN = 8
 """Runs of one level that merge into one of the next."""
@@ -184,6 +185,8 @@ class StateBackend:
     _pins: Counter[str] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _garbage: list[str] = field(default_factory=list)
+    timers: TimerIndex = field(default_factory=TimerIndex)
+    """Where event-time timers may be due (time/timers.py): kept with the chains they index."""
 
     # --- what a round's task is told, and what it wrote -------------------------------------
 
@@ -257,7 +260,11 @@ class StateBackend:
         every chain that named them, the round's run heads the chains of the key groups it
         holds, and a new base ends its key group's chain."""
         with self._lock:
-            if written.merged is not None:
+            if written.merged is not None and not written.merged[2]:
+                self._merged_into_nothing(
+                    set(subtask_state.chains), set(subtask_state.merge), written.merged[0]
+                )
+            elif written.merged is not None:
                 path, size, groups = written.merged
                 merged_paths = set(subtask_state.merge)
                 old = {
@@ -286,6 +293,17 @@ class StateBackend:
                 path = subtask_state.base_paths[group]
                 self._replace(group, Chain(StateFile(path, size, seq, group, group, "base")))
                 self.materialized[group] = now
+
+    def _merged_into_nothing(self, groups: set[int], merged_paths: set[str], path: str) -> None:
+        """Under the lock: a merge whose runs held no row of a key group they are live for (a
+        restored run spans key groups it has no rows of): they leave the chains that named
+        them in the subtask's key groups, and the empty merged file is garbage."""
+        for group in sorted(groups):
+            chain = self.chains.get(group, Chain())
+            if any(r.path in merged_paths for r in chain.runs):
+                kept = tuple(r for r in chain.runs if r.path not in merged_paths)
+                self._replace(group, Chain(chain.base, kept, chain.log))
+        self._garbage.append(path)
 
     def _replace(self, group: int, chain: Chain) -> None:
         """Under the lock: ``group``'s chain becomes ``chain``; files no chain names any more
