@@ -1,6 +1,6 @@
-"""Event time and watermarks, pure: the strategy's arithmetic (Flink's
-BoundedOutOfOrdernessWatermarks), the driver's generator with idleness and alignment on a fake
-clock, the channels' marks against barriers, and what a restore starts from."""
+"""Event time, pure: the strategy's arithmetic (Flink's BoundedOutOfOrdernessWatermarks), the
+driver's generator with idleness and alignment on a fake clock, the channels' marks against
+barriers, what a restore starts from, timers as keyed state and the driver's timer index."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import pandas as pd
 import pytest
 
 from sparkpoint import MAX_WATERMARK, MIN_WATERMARK, FileSource, WatermarkStrategy
+from sparkpoint.agent.job import TIMERS, KeyedFunction, KeyedState, declared_state
 from sparkpoint.agent.recovery.restore import Restored, SubtaskWatermark
 from sparkpoint.agent.rounds.channels import Channel, event_times_before
 from sparkpoint.agent.time.strategy import event_times
+from sparkpoint.agent.time.timers import TimerIndex
 from sparkpoint.agent.time.watermarks import SourceWatermarks
 from sparkpoint.common.keygroups import KeyGroupRange
 
@@ -155,3 +157,51 @@ def test_a_rescaled_subtask_starts_at_the_lowest_watermark_of_its_key_groups() -
     assert restored.watermarks_of(KeyGroupRange(32, 95)) == (800, 1_000)
     assert restored.watermarks_of(KeyGroupRange(64, 127)) == (2_000, 2_000)
     assert Restored(1, "/x", False).watermarks_of(KeyGroupRange(0, 127)) is None
+
+
+# --- timers -------------------------------------------------------------------------------------
+
+
+class WithTimers(KeyedFunction):
+    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        return pd.DataFrame()
+
+    def on_timer(self, timers: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        return pd.DataFrame()
+
+
+class WithoutTimers(KeyedFunction):
+    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        return pd.DataFrame()
+
+
+def test_timers_are_keyed_map_state_registered_once_and_deleted_by_timestamp() -> None:
+    declared = declared_state(WithTimers())
+    assert TIMERS in declared and TIMERS not in declared_state(WithoutTimers())
+    state = KeyedState(declared, {})
+    state.register_event_time_timers(pd.Series([10, 20, 10], index=["a", "a", "b"]))
+    state.register_event_time_timers(pd.Series([10], index=["a"]))  # again: one timer
+    timers = state.event_time_timers()
+    assert sorted(zip(timers.index, timers, strict=True)) == [("a", 10), ("a", 20), ("b", 10)]
+    state.delete_event_time_timers(pd.Series([20, 99], index=["a", "b"]))
+    timers = state.event_time_timers()
+    assert sorted(zip(timers.index, timers, strict=True)) == [("a", 10), ("b", 10)]
+    assert TIMERS in state.changed
+    with pytest.raises(TypeError, match="on_timer"):
+        KeyedState(declared_state(WithoutTimers()), {}).register_event_time_timers(
+            pd.Series([1], index=["a"])
+        )
+
+
+def test_the_timer_index_names_only_key_groups_that_may_be_due() -> None:
+    index = TimerIndex()
+    index.update({}, {3: 500, 70: 100})
+    assert index.due(KeyGroupRange(0, 63), 499) == []
+    assert index.due(KeyGroupRange(0, 63), 500) == [3]
+    index.update({}, {3: 200})  # a round's keys registered an earlier one: lowered
+    index.update({}, {3: 900})  # a later one does not raise the bound
+    assert index.earliest[3] == 200
+    index.update({3: None, 70: 150}, {})  # read whole: exact, or no timer left
+    assert 3 not in index.earliest and index.earliest[70] == 150
+    index.restored([1, 2])
+    assert index.due(KeyGroupRange(0, 127), MIN_WATERMARK) == [1, 2]
