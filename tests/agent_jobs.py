@@ -2,7 +2,8 @@
 as a user would (``sparkpoint agent tests/agent_jobs.py:job``) runs the test's job:
 ``TEST_JOB_NAME``, ``TEST_INPUT``, ``TEST_OUTPUT`` (a topic, or a directory for the file sink
 when ``TEST_SINK=files``), ``TEST_MAX_RECORDS`` (per partition and round), ``TEST_BOUNDED``,
-``TEST_SETTINGS`` (job options as JSON) and ``TEST_SLOW_MS`` (stage 2 sleeps that long per key
+``TEST_SETTINGS`` (job options as JSON), ``TEST_FUNCTION`` (``windows``: 10 s windows by
+event-time timers over the payments' ``ts``, `WindowCounts`) and ``TEST_SLOW_MS`` (stage 2 sleeps that long per key
 group it processes: the source outruns it and records queue in the channels)."""
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import ClassVar
 
 import pandas as pd
 
@@ -22,8 +25,12 @@ from sparkpoint.agent.job import (
     Job,
     KafkaSink,
     KafkaSource,
+    KeyedFunction,
     KeyedState,
+    MapState,
+    StateDescriptor,
 )
+from sparkpoint.agent.time.strategy import WatermarkStrategy
 
 FAST_CHECKPOINTS = {
     "execution.checkpointing.interval": "1s",
@@ -56,6 +63,11 @@ def build(
 
 def job() -> Job:
     env = os.environ
+    if env.get("TEST_FUNCTION") == "windows":
+        return window_job(
+            env["TEST_JOB_NAME"], env["TEST_INPUT"], env["TEST_OUTPUT"],
+            int(env.get("TEST_MAX_RECORDS", "500")), int(env.get("TEST_SLOW_MS", "0")),
+        )  # fmt: skip
     built = build(
         env["TEST_JOB_NAME"],
         env["TEST_INPUT"],
@@ -111,3 +123,72 @@ class AlwaysFailing(PaymentStats):
         if int(records["id"].max()) >= self.at_id:
             raise RuntimeError(f"scripted failure at payment {self.at_id}, every time")
         return super().process(records, state)
+
+
+# --- event time --------------------------------------------------------------------------------
+
+WINDOW_MS = 10_000
+
+
+class WindowCounts(KeyedFunction):
+    """10 s tumbling event-time windows counted per account: a timer at each window's last
+    millisecond emits its count once the watermark passes it, also for an account that sends
+    nothing more."""
+
+    state: ClassVar[Mapping[str, StateDescriptor]] = {
+        "counts": MapState(key_dtype="int64", dtype="int64")
+    }
+
+    def __init__(self, slow_s: float = 0.0, window_ms: int = WINDOW_MS) -> None:
+        self.slow_s = slow_s
+        self.window_ms = window_ms
+
+    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        time.sleep(self.slow_s)
+        starts = records["ts"].astype("int64") // self.window_ms * self.window_ms
+        counts = records.groupby([records["account"].astype(object), starts]).size()
+        counts.index = counts.index.set_names(["key", "user_key"])
+        known = state.map("counts").reindex(counts.index).fillna(0).astype("int64")
+        state.put_in_map("counts", (counts + known).astype("int64"))
+        ends = pd.Series(
+            counts.index.get_level_values(1) + self.window_ms - 1,
+            index=counts.index.get_level_values(0),
+        )
+        state.register_event_time_timers(ends)
+        return pd.DataFrame()
+
+    def on_timer(self, timers: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        starts = timers["timestamp"] + 1 - self.window_ms
+        index = pd.MultiIndex.from_arrays(
+            [timers["account"].to_numpy(dtype=object), starts.to_numpy()],
+            names=["key", "user_key"],
+        )
+        counts = state.map("counts").reindex(index)
+        state.remove_from_map("counts", index)
+        return pd.DataFrame(
+            {
+                "kind": "window",
+                "account": timers["account"].to_numpy(),
+                "id": starts.to_numpy(),
+                "value": counts.fillna(-1).astype("int64").to_numpy(),
+            }
+        )
+
+
+def window_job(name: str, topic: str, output: str, max_records: int, slow_ms: int) -> Job:
+    """Windows by timers over the payments' ``ts`` (TEST_FUNCTION=windows), bounded."""
+    strategy = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_column("ts")
+    return Job(
+        name=name,
+        source=KafkaSource(
+            [topic],
+            bounded=True,
+            max_records_per_partition=max_records,
+            watermark_strategy=strategy,
+        ),
+        key="account",
+        function=WindowCounts(slow_ms / 1000),
+        sink=KafkaSink(output),
+        parallelism=2,
+        settings=FAST_CHECKPOINTS,
+    )

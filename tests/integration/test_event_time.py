@@ -8,32 +8,32 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 
 import pandas as pd
 import pytest
 
 from sparkpoint import MIN_WATERMARK, WatermarkStrategy
-from sparkpoint.agent.example import ensure_topic
+from sparkpoint.agent.example import ensure_topic, generate, payments
 from sparkpoint.agent.job import (
     Job,
     KafkaSink,
     KafkaSource,
     KeyedFunction,
     KeyedState,
-    MapState,
-    StateDescriptor,
 )
 from sparkpoint.agent.runtime import Agent
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.kafka import make_producer
-from tests.agent_jobs import FAST_CHECKPOINTS
+from tests.agent_jobs import FAST_CHECKPOINTS, WINDOW_MS, WindowCounts
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_agent import (
+    agent_process,
     committed_transactions,
     in_process,
+    killed,
     read_output,
     read_tokened,
     run_in_process,
@@ -44,6 +44,7 @@ from tests.running_coordinator import Running, coordinator_in_thread, wait
 pytestmark = pytest.mark.spark
 
 PARTITIONS = 4
+KILL_RECORDS = 6_000
 START_MS = 1_700_000_000_000
 Seen = tuple[str, str, int, int]
 
@@ -359,53 +360,6 @@ def test_alignment_holds_a_partition_far_ahead_until_the_slow_one_is_read(
 
 # --- timers -----------------------------------------------------------------------------------------
 
-WINDOW_MS = 10_000
-
-
-class WindowCounts(KeyedFunction):
-    """10 s tumbling event-time windows counted per account: a timer at each window's last
-    millisecond emits its count once the watermark passes it, also for an account that sends
-    nothing more."""
-
-    state: ClassVar[Mapping[str, StateDescriptor]] = {
-        "counts": MapState(key_dtype="int64", dtype="int64")
-    }
-
-    def __init__(self, slow_s: float = 0.0, window_ms: int = WINDOW_MS) -> None:
-        self.slow_s = slow_s
-        self.window_ms = window_ms
-
-    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
-        time.sleep(self.slow_s)
-        starts = records["ts"].astype("int64") // self.window_ms * self.window_ms
-        counts = records.groupby([records["account"].astype(object), starts]).size()
-        counts.index = counts.index.set_names(["key", "user_key"])
-        known = state.map("counts").reindex(counts.index).fillna(0).astype("int64")
-        state.put_in_map("counts", (counts + known).astype("int64"))
-        ends = pd.Series(
-            counts.index.get_level_values(1) + self.window_ms - 1,
-            index=counts.index.get_level_values(0),
-        )
-        state.register_event_time_timers(ends)
-        return pd.DataFrame()
-
-    def on_timer(self, timers: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
-        starts = timers["timestamp"] + 1 - self.window_ms
-        index = pd.MultiIndex.from_arrays(
-            [timers["account"].to_numpy(dtype=object), starts.to_numpy()],
-            names=["key", "user_key"],
-        )
-        counts = state.map("counts").reindex(index)
-        state.remove_from_map("counts", index)
-        return pd.DataFrame(
-            {
-                "kind": "window",
-                "account": timers["account"].to_numpy(),
-                "id": starts.to_numpy(),
-                "value": counts.fillna(-1).astype("int64").to_numpy(),
-            }
-        )
-
 
 def window_input(count: int) -> list[tuple[int, str, int]]:
     """(partition, account, ts): record n at START + n * 100 ms on partition n % PARTITIONS;
@@ -511,3 +465,34 @@ def test_pending_timers_survive_a_restore_with_another_parallelism(
     got = windows(coordinator, output)
     want = window_reference(rows, long)
     assert got == want, f"{len(got)} windows against {len(want)}: {got[:5]}"
+
+
+def test_timer_output_is_exactly_once_through_kills_and_rescales_2_4_1(
+    coordinator: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows by timers over the payments (monotonous ``ts`` per partition), agents run as a
+    user runs them: SIGKILLed mid-publish of epoch 2 at parallelism 2, restored at 4 and killed
+    after the first completed checkpoint, restored at 1 and run to its end: every window's count
+    is committed exactly once (the timers and the watermark travel with their key groups)."""
+    topic, output, name = unique("payments"), unique("windows"), unique("timer-kills")
+    assert generate(coordinator.bootstrap, topic, KILL_RECORDS) == KILL_RECORDS
+    monkeypatch.setenv("TEST_FUNCTION", "windows")
+    first = agent_process(
+        coordinator, name, topic, output, crash_at="mid-publish:2", slow_ms=300, max_records=50
+    )
+    assert killed(first), first.stderr[-3000:]
+    second = agent_process(
+        coordinator, name, topic, output, "--restore", "latest", "--parallelism", "4",
+        crash_at="after-complete:1", slow_ms=300, max_records=50,
+    )  # fmt: skip
+    assert killed(second), second.stderr[-3000:]
+    third = agent_process(
+        coordinator, name, topic, output, "--restore", "latest", "--parallelism", "1"
+    )
+    assert third.returncode == 0, third.stderr[-3000:]
+
+    got = windows(coordinator, output)
+    want = window_reference(
+        [(0, p.account, p.ts) for p in payments(KILL_RECORDS)]  # partitions do not matter here
+    )
+    assert got == want, f"{len(got)} windows against {len(want)}"
