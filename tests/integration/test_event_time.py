@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -25,6 +26,13 @@ from sparkpoint.agent.job import (
     KeyedState,
 )
 from sparkpoint.agent.runtime import Agent
+from sparkpoint.agent.time.windows import (
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+    WindowAggregate,
+    Windows,
+    assign,
+)
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.kafka import make_producer
 from tests.agent_jobs import FAST_CHECKPOINTS, WINDOW_MS, WindowCounts
@@ -496,3 +504,97 @@ def test_timer_output_is_exactly_once_through_kills_and_rescales_2_4_1(
         [(0, p.account, p.ts) for p in payments(KILL_RECORDS)]  # partitions do not matter here
     )
     assert got == want, f"{len(got)} windows against {len(want)}"
+
+
+class SessionTimeouts(KeyedFunction):
+    """A processing-time timer 500 ms after each key's latest record: it fires once the
+    round's processing time passes it, with no record arriving meanwhile."""
+
+    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        keys = records["account"].drop_duplicates().to_numpy(dtype=object)
+        state.delete_processing_time_timers(state.processing_time_timers())
+        due = pd.Series(state.current_processing_time + 500, index=keys)
+        state.register_processing_time_timers(due)
+        return pd.DataFrame()
+
+    def on_timer(self, timers: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        late = state.current_processing_time - timers["timestamp"]
+        return pd.DataFrame(
+            {
+                "kind": timers["time_domain"].str.lower(),
+                "account": timers["account"].to_numpy(),
+                "id": timers["timestamp"].to_numpy(),
+                "value": late.to_numpy(),
+            }
+        )
+
+
+def test_processing_time_timers_fire_without_input(coordinator: Running, spark: Any) -> None:
+    """Records for four accounts, once: each account's processing-time timer fires once, after
+    its time (the rounds' clock passes it though no record arrives), in the PROCESSING_TIME
+    domain."""
+    topic, output = unique("events"), unique("timeouts")
+    ensure_topic(coordinator.bootstrap, topic, 2)
+    producer = make_producer(coordinator.bootstrap)
+    for n in range(40):
+        producer.produce(topic, json.dumps({"account": f"acct-{n % 4}"}).encode(), partition=n % 2)
+    producer.flush(30)
+    job = Job(
+        name=unique("timeouts"), source=KafkaSource([topic]), key="account",
+        function=SessionTimeouts(), sink=KafkaSink(output), settings=FAST_CHECKPOINTS,
+    )  # fmt: skip
+    agent = in_process(job, coordinator, spark)
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        fired = lambda: read_output(coordinator.bootstrap, output)  # noqa: E731
+        wait(lambda: len(fired()) >= 4, 120, "four timeouts")
+        time.sleep(2)  # none fires twice
+    finally:
+        agent.stop()
+        thread.join(60)
+    rows = read_output(coordinator.bootstrap, output)
+    assert sorted(row[1] for row in rows) == [f"acct-{i}" for i in range(4)]
+    assert {row[0] for row in rows} == {"processing_time"}
+    assert all(row[3] >= 0 for row in rows), rows  # fired at or after its time
+
+
+@pytest.mark.parametrize(
+    "windows",
+    [TumblingEventTimeWindows.of("10s"), SlidingEventTimeWindows.of("10s", "5s")],
+    ids=["tumbling", "sliding"],
+)
+def test_the_windows_library_counts_and_sums_each_window_exactly(
+    coordinator: Running, spark: Any, windows: Windows
+) -> None:
+    """WindowAggregate over the payments' event time: every (account, window) row equals the
+    reference computed in plain Python, emitted once."""
+    topic, output = unique("payments"), unique("windowed")
+    assert generate(coordinator.bootstrap, topic, KILL_RECORDS) == KILL_RECORDS
+    strategy = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_column("ts")
+    job = Job(
+        name=unique("library"),
+        source=KafkaSource([topic], bounded=True, watermark_strategy=strategy),
+        key="account",
+        function=WindowAggregate(
+            windows, {"n": ("*", "count"), "total": ("amount", "sum")}, timestamp_column="ts"
+        ),
+        sink=KafkaSink(output),
+        settings=FAST_CHECKPOINTS,
+    )
+    status, _ = run_in_process(job, coordinator, spark)
+    assert status is JobStatus.FINISHED
+
+    def decode(value: bytes) -> tuple[str, int, int, int]:
+        row = json.loads(value)
+        return (row["account"], row["window_start"], row["n"], int(row["total"]))
+
+    got = sorted(row for _, row in read_tokened(coordinator.bootstrap, output, decode, True))
+    want: dict[tuple[str, int], list[int]] = {}
+    for p in payments(KILL_RECORDS):
+        _, starts = assign(windows, np.array([p.ts]))
+        for start in starts.tolist():
+            counts = want.setdefault((p.account, start), [0, 0])
+            counts[0] += 1
+            counts[1] += p.amount
+    assert got == sorted((a, s, n, t) for (a, s), (n, t) in want.items())

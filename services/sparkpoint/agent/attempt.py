@@ -108,9 +108,11 @@ class AttemptMaker:
             self._check_positions(restored, source)
             backend.restore(restored.state_files.values(), restored.shared)
             if has_timers(self.job.function):  # read each key group's timers once
-                backend.timers.restored(
+                groups = {
                     g for f in restored.state_files.values() for g in range(f.first, f.last + 1)
-                )
+                }
+                backend.timers.restored(groups)
+                backend.processing_timers.restored(groups)
         self._local_recovery(backend, restored)
         source.start(
             restored.positions if restored else None, restored.event_times if restored else None

@@ -82,9 +82,17 @@ class KeyedState:
         declared: Mapping[str, StateDescriptor],
         frames: Mapping[str, pd.Series],
         current_watermark: int = MIN_WATERMARK,
+        current_processing_time: int = 0,
+        key_column: str = "key",
     ):
         self.declared = dict(declared)
         self.current_watermark = current_watermark
+        self.current_processing_time = current_processing_time
+        self.key_column = key_column
+        """The job's key column (the records' and a fired timer frame's)."""
+        """The round's processing time (ms since the epoch, the driver's clock when it planned
+        the round; Flink's ``currentProcessingTime()``): what processing-time timers compare
+        to."""
         """The subtask's event-time watermark before this round's records (ms; Flink's
         ``currentWatermark()``, `MIN_WATERMARK` before the first): records at or below it
         arrived late."""
@@ -153,11 +161,28 @@ class KeyedState:
     def remove_from_map(self, name: str, index: pd.MultiIndex) -> None:
         self._remove(name, MapState, index)
 
-    # event-time timers (kept as keyed state, per key group)
+    # timers (kept as keyed state, per key group)
     def event_time_timers(self) -> pd.Series:
         """The pending event-time timers of the keys given: timestamps (ms) indexed by key, a
         key repeated for each of its timers."""
-        timers = self._timers()
+        return self._timer_series(TIMERS)
+
+    def processing_time_timers(self) -> pd.Series:
+        """The pending processing-time timers of the keys given, as `event_time_timers`."""
+        return self._timer_series(PROCESSING_TIMERS)
+
+    def register_processing_time_timers(self, timers: pd.Series) -> None:
+        """Registers processing-time timers: timestamps (ms since the epoch) indexed by key.
+        One fires in the first round planned at or after its time (Flink's
+        ``registerProcessingTimeTimer``), also when no record arrives."""
+        index = self._timer_index(timers, PROCESSING_TIMERS)
+        self._replace(PROCESSING_TIMERS, MapState, pd.Series(True, index=index, dtype="bool"))
+
+    def delete_processing_time_timers(self, timers: pd.Series) -> None:
+        self._remove(PROCESSING_TIMERS, MapState, self._timer_index(timers, PROCESSING_TIMERS))
+
+    def _timer_series(self, name: str) -> pd.Series:
+        timers = self._timers(name)
         return pd.Series(
             timers.index.get_level_values(1).to_numpy(dtype="int64"),
             index=pd.Index(timers.index.get_level_values(0), name="key"),
@@ -168,20 +193,20 @@ class KeyedState:
     def register_event_time_timers(self, timers: pd.Series) -> None:
         """Registers a timer per entry: timestamps (ms) indexed by key. It fires once the
         watermark reaches it (`KeyedFunction.on_timer`); a timer registered twice fires once."""
-        index = self._timer_index(timers)
+        index = self._timer_index(timers, TIMERS)
         self._replace(TIMERS, MapState, pd.Series(True, index=index, dtype="bool"))
 
     def delete_event_time_timers(self, timers: pd.Series) -> None:
         """Deletes the timers given (timestamps indexed by key); unknown ones are ignored."""
-        self._remove(TIMERS, MapState, self._timer_index(timers))
+        self._remove(TIMERS, MapState, self._timer_index(timers, TIMERS))
 
-    def _timers(self) -> pd.Series:
-        if TIMERS not in self.declared:
+    def _timers(self, name: str) -> pd.Series:
+        if name not in self.declared:
             raise TypeError("timers need a keyed function that defines on_timer")
-        return self._series[TIMERS]
+        return self._series[name]
 
-    def _timer_index(self, timers: pd.Series) -> pd.MultiIndex:
-        self._timers()
+    def _timer_index(self, timers: pd.Series, name: str) -> pd.MultiIndex:
+        self._timers(name)
         stamps = pd.Index(pd.to_numeric(timers, downcast=None).astype("int64"))
         return pd.MultiIndex.from_arrays(
             [pd.Index(timers.index, dtype=object), stamps], names=["key", "user_key"]
@@ -204,6 +229,10 @@ class KeyedState:
 
 TIMERS = "__event_timers__"
 """The keyed state that holds a function's event-time timers: (key, timestamp) -> True."""
+PROCESSING_TIMERS = "__processing_timers__"
+"""The keyed state that holds its processing-time timers."""
+EVENT_TIME, PROCESSING_TIME = "EVENT_TIME", "PROCESSING_TIME"
+"""Flink's TimeDomain names: the ``time_domain`` of a fired timer."""
 
 _EMPTY: dict[StateDescriptor, pd.Series] = {}
 
@@ -244,11 +273,13 @@ class KeyedFunction:
         return pd.DataFrame()
 
     def on_timer(self, timers: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
-        """Event-time timers that fired this round: a frame with the key column and
-        ``timestamp``, in timestamp order, once the subtask's watermark reached them (Flink's
-        ``onTimer``), with the `KeyedState` of their keys (``state.current_watermark`` is then
-        the watermark that fired them). Defining it gives the function timers; it returns the
-        records to emit. A fired timer is gone; registering it again makes a new one."""
+        """Timers that fired this round: a frame with the key column, ``timestamp`` and
+        ``time_domain`` (``EVENT_TIME``: the subtask's watermark reached it;
+        ``PROCESSING_TIME``: the round's processing time did), in timestamp order within a
+        domain (Flink's ``onTimer``), with the `KeyedState` of their keys
+        (``state.current_watermark`` is then the watermark that fired them). Defining it gives
+        the function timers; it returns the records to emit. A fired timer is gone;
+        registering it again makes a new one."""
         return pd.DataFrame()
 
 
@@ -261,6 +292,7 @@ def declared_state(function: KeyedFunction) -> dict[str, StateDescriptor]:
     declared = dict(function.state)
     if has_timers(function):
         declared[TIMERS] = MapState(key_dtype="int64", dtype="bool")
+        declared[PROCESSING_TIMERS] = MapState(key_dtype="int64", dtype="bool")
     return declared
 
 

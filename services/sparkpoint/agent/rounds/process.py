@@ -12,6 +12,9 @@ import numpy as np
 import pandas as pd
 
 from sparkpoint.agent.job import (
+    EVENT_TIME,
+    PROCESSING_TIME,
+    PROCESSING_TIMERS,
     TIMERS,
     KeyedFunction,
     KeyedState,
@@ -58,6 +61,10 @@ class ProcessTask:
     timer_groups: list[int] = field(default_factory=list)
     """Key groups that may hold timers up to ``watermark_after`` (the driver's `TimerIndex`):
     their timers are read whole."""
+    processing_time: int = 0
+    """The round's processing time (ms since the epoch, the driver's clock at planning)."""
+    processing_timer_groups: list[int] = field(default_factory=list)
+    """Key groups that may hold processing-time timers up to ``processing_time``."""
 
 
 @dataclass(frozen=True)
@@ -69,10 +76,11 @@ class ProcessResult:
     """The round's staged output, when it emitted any."""
     output_rows: int = 0
     """Records the round emitted (staged or, at-least-once, made visible)."""
-    timers_exact: dict[int, int | None] = field(default_factory=dict)
-    """The earliest pending timer of each key group whose timers the round read whole."""
-    timers_lowered: dict[int, int] = field(default_factory=dict)
-    """The earliest timer the round's keys hold in the other key groups."""
+    timers_exact: dict[str, dict[int, int | None]] = field(default_factory=dict)
+    """Per time domain, the earliest pending timer of each key group whose timers the round
+    read whole."""
+    timers_lowered: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Per time domain, the earliest timer the round's keys hold in the other key groups."""
     timers_fired: int = 0
 
 
@@ -111,15 +119,15 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
         keys = np.concatenate([np.asarray(keys, dtype=object), every_key])
         key_groups = np.concatenate([key_groups, every_group])
     before = view.lookup(keys, key_groups)
-    state = KeyedState(declared, before, task.watermark)
+    state = KeyedState(declared, before, task.watermark, task.processing_time, task.key)
     outputs: list[pd.DataFrame] = []
     if len(records):
         outputs.append(user_code(function.process, records, state))
-    fired = Fired()
+    timers = TimersFired()
     if has_timers(function):
-        fired = fire_timers(task, function, view, state, before, keys, key_groups)
-        keys, key_groups = fired.keys, fired.groups
-        outputs += fired.outputs
+        timers = fire_every_domain(task, function, view, state, before, keys, key_groups)
+        keys, key_groups = timers.keys, timers.groups
+        outputs += timers.outputs
     if end_hook and any(len(series) for series in state.frames().values()):
         outputs.append(user_code(function.on_end_of_input, state))
     run = round_changes(before, state, keys, key_groups)
@@ -139,13 +147,66 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
         # checkpoint that counts the round's input as processed
         task.emit(pd.concat(emitted, ignore_index=True))
     return ProcessResult(
-        task.subtask, written, output_path, rows, fired.exact, fired.lowered, fired.count
+        task.subtask, written, output_path, rows, timers.exact, timers.lowered, timers.count
     )
 
 
 MAX_FIRINGS = 1_000
 """Timers an `on_timer` call registers at or below the watermark fire in the same round, in
 turns; at most this many turns (a function that always registers another one is stopped)."""
+
+
+@dataclass(frozen=True)
+class TimerDomain:
+    label: str
+    """``EVENT_TIME`` or ``PROCESSING_TIME`` (Flink's TimeDomain)."""
+    state_name: str
+    until: int
+    """Its timers at or below this fire."""
+    groups: list[int]
+    """The key groups whose stored timers are read."""
+
+
+def timer_domains(task: ProcessTask) -> list[TimerDomain]:
+    """Event time first (the watermark after the round's records), then processing time."""
+    return [
+        TimerDomain(EVENT_TIME, TIMERS, task.watermark_after, task.timer_groups),
+        TimerDomain(
+            PROCESSING_TIME, PROCESSING_TIMERS, task.processing_time,
+            task.processing_timer_groups,
+        ),
+    ]  # fmt: skip
+
+
+@dataclass
+class TimersFired:
+    """What a round's timers did, over both time domains."""
+
+    keys: np.ndarray = field(default_factory=lambda: np.array([], dtype=object))
+    groups: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64))
+    outputs: list[pd.DataFrame] = field(default_factory=list)
+    exact: dict[str, dict[int, int | None]] = field(default_factory=dict)
+    lowered: dict[str, dict[int, int]] = field(default_factory=dict)
+    count: int = 0
+
+
+def fire_every_domain(
+    task: ProcessTask,
+    function: KeyedFunction,
+    view: StateView,
+    state: KeyedState,
+    before: dict[str, pd.Series],
+    keys: np.ndarray,
+    groups: np.ndarray,
+) -> TimersFired:
+    done = TimersFired(keys, groups)
+    for domain in timer_domains(task):
+        fired = fire_timers(task, function, view, state, before, done.keys, done.groups, domain)
+        done.keys, done.groups = fired.keys, fired.groups
+        done.outputs += fired.outputs
+        done.exact[domain.label], done.lowered[domain.label] = fired.exact, fired.lowered
+        done.count += fired.count
+    return done
 
 
 @dataclass
@@ -166,16 +227,17 @@ def fire_timers(
     before: dict[str, pd.Series],
     keys: np.ndarray,
     groups: np.ndarray,
+    domain: TimerDomain,
 ) -> Fired:
-    """Fires the subtask's timers up to its watermark after the round, in timestamp order
-    (Flink: records before a watermark first, then the timers it fires). The round's keys'
-    timers are in ``state``; the other keys of the key groups the driver named are read from
-    storage, and their state is added to ``state`` (and ``before``) when a timer of theirs
-    fires. Returns the outputs, the keys and key groups the round now covers, and what the
-    driver's `TimerIndex` learns."""
-    watermark = task.watermark_after
+    """Fires the subtask's timers of one domain up to ``domain.until`` (event time: its
+    watermark after the round), in timestamp order (Flink: records before a watermark first,
+    then the timers it fires). The round's keys' timers are in ``state``; the other keys of the
+    key groups the driver named are read from storage, and their state is added to ``state``
+    (and ``before``) when a timer of theirs fires. Returns the outputs, the keys and key groups
+    the round now covers, and what the driver's `TimerIndex` learns."""
+    watermark = domain.until
     fired = Fired(keys=keys, groups=groups)
-    others = stored_timers(task, view, set(keys.tolist()))
+    others = stored_timers(domain, view, set(keys.tolist()))
     if len(others):
         due = others[others["timestamp"] <= watermark].drop_duplicates("key")
         if len(due):
@@ -188,9 +250,13 @@ def fire_timers(
             fired.keys = np.concatenate([np.asarray(keys, dtype=object), new_keys])
             fired.groups = np.concatenate([groups, new_groups])
             others = others[~others["key"].isin(set(new_keys.tolist()))]
-    state.current_watermark = watermark
+    event_time = domain.label == EVENT_TIME
+    pending = state.event_time_timers if event_time else state.processing_time_timers
+    delete = state.delete_event_time_timers if event_time else state.delete_processing_time_timers
+    if event_time:
+        state.current_watermark = watermark
     for _ in range(MAX_FIRINGS):
-        timers = state.event_time_timers()
+        timers = pending()
         due_now = timers[timers <= watermark]
         if not len(due_now):
             break
@@ -199,24 +265,25 @@ def fire_timers(
             {
                 task.key: due_now.index.to_numpy(dtype=object)[order],
                 "timestamp": due_now.to_numpy()[order],
+                "time_domain": domain.label,
             }
         )
-        state.delete_event_time_timers(due_now)
+        delete(due_now)
         fired.count += len(frame)
         fired.outputs.append(user_code(function.on_timer, frame, state))
-    earliest = earliest_timers(state, fired, others)
-    scanned = set(task.timer_groups)
+    earliest = earliest_timers(pending(), fired, others)
+    scanned = set(domain.groups)
     fired.exact = {g: earliest.get(g) for g in scanned}
     fired.lowered = {g: t for g, t in earliest.items() if g not in scanned}
     return fired
 
 
-def stored_timers(task: ProcessTask, view: StateView, have: set[object]) -> pd.DataFrame:
+def stored_timers(domain: TimerDomain, view: StateView, have: set[object]) -> pd.DataFrame:
     """The timers (key, timestamp, group) stored in the key groups the driver named, of keys
     the round does not already hold."""
     stored: list[pd.DataFrame] = []
-    for group in task.timer_groups:
-        table = view.folded(group).rows.get(TIMERS)
+    for group in domain.groups:
+        table = view.folded(group).rows.get(domain.state_name)
         if table is None or not table.num_rows:
             continue
         part = pd.DataFrame(
@@ -227,11 +294,10 @@ def stored_timers(task: ProcessTask, view: StateView, have: set[object]) -> pd.D
     return pd.concat(stored, ignore_index=True) if stored else pd.DataFrame()
 
 
-def earliest_timers(state: KeyedState, fired: Fired, others: pd.DataFrame) -> dict[int, int]:
-    """Per key group, the earliest timer still pending: of the keys the round holds, and of
-    the stored ones it did not take."""
+def earliest_timers(pending: pd.Series, fired: Fired, others: pd.DataFrame) -> dict[int, int]:
+    """Per key group, the earliest timer still pending: of the keys the round holds
+    (``pending``), and of the stored ones it did not take."""
     group_of = dict(zip(fired.keys.tolist(), fired.groups.tolist(), strict=True))
-    pending = state.event_time_timers()
     earliest: dict[int, int] = {}
     for key, stamp in zip(pending.index.tolist(), pending.tolist(), strict=True):
         group = int(group_of[key])

@@ -31,7 +31,15 @@ from typing import Any
 
 from sparkpoint.agent.control.progress import Progress
 from sparkpoint.agent.formats import ValueFormat
-from sparkpoint.agent.job import KafkaSource, KeyedFunction, MapFunction, Source, has_timers
+from sparkpoint.agent.job import (
+    EVENT_TIME,
+    PROCESSING_TIME,
+    KafkaSource,
+    KeyedFunction,
+    MapFunction,
+    Source,
+    has_timers,
+)
 from sparkpoint.agent.rounds.channels import Channel, Segment, SegmentFiles
 from sparkpoint.agent.rounds.fetch import FetchResult, FetchTask, fetch_and_partition
 from sparkpoint.agent.rounds.process import ProcessResult, ProcessTask, output_file, process_subtask
@@ -298,12 +306,16 @@ class Rounds:
         max_rows = self.settings.max_rows_per_round
         taken = {i: c.take(max_rows) for i, c in enumerate(channels)}
         reaches = {i: c.reach(taken[i]) for i, c in enumerate(channels)}
-        due: dict[int, list[int]] = {}
+        due: dict[int, tuple[list[int], list[int]]] = {}
+        now_ms = int(time.time() * 1000)
         if has_timers(self.settings.keyed_function):
             for i, channel in enumerate(channels):
-                after = channel.watermark_at(reaches[i])
-                due[i] = backend.timers.due(self.settings.ranges[i], after)
-        work = [i for i, segments in taken.items() if segments or due.get(i)]
+                after, groups = channel.watermark_at(reaches[i]), self.settings.ranges[i]
+                due[i] = (
+                    backend.timers.due(groups, after),
+                    backend.processing_timers.due(groups, now_ms),
+                )
+        work = [i for i, segments in taken.items() if segments or any(due.get(i, ((), ())))]
         if end_of_input:
             work = list(range(self.settings.parallelism))
         for i, channel in enumerate(channels):
@@ -317,17 +329,18 @@ class Rounds:
         tasks = []
         for i in work:
             watermarks = (channels[i].watermark, channels[i].watermark_at(reaches[i]))
-            tasks.append(
-                self._process_task(
-                    i, taken[i], backend, emit, end_of_input, watermarks, due.get(i, [])
-                )
+            timer_groups = due.get(i, ([], []))
+            task = self._process_task(
+                i, taken[i], backend, emit, end_of_input, watermarks, timer_groups, now_ms
             )
+            tasks.append(task)
         self.asked = {task.subtask: task.state for task in tasks}
         return tasks
 
     def _process_task(
         self, subtask: int, segments: list[Segment], backend: StateBackend, emit: Emit | None,
-        end_of_input: bool, watermarks: tuple[int, int], timer_groups: list[int],
+        end_of_input: bool, watermarks: tuple[int, int], timer_groups: tuple[list[int], list[int]],
+        now_ms: int,
     ) -> ProcessTask:  # fmt: skip
         settings = self.settings
         seq = backend.seq(self.rounds)
@@ -336,7 +349,7 @@ class Rounds:
             subtask, settings.channel_dir, [s.path for s in segments], state,
             backend.run_path(seq, subtask), output_file(settings.sink_dir, self.rounds, subtask),
             end_of_input, [s.key_groups for s in segments], settings.key, emit, *watermarks,
-            timer_groups,
+            timer_groups[0], now_ms, timer_groups[1],
         )  # fmt: skip
 
     def collect_process(
@@ -362,7 +375,13 @@ class Rounds:
         for result in processing.result():  # a failure of stage 2 fails the job here
             asked = self.asked[result.subtask]
             backend.install(asked, result.written, backend.seq(version), now)
-            backend.timers.update(result.timers_exact, result.timers_lowered)
+            for label, index in (
+                (EVENT_TIME, backend.timers),
+                (PROCESSING_TIME, backend.processing_timers),
+            ):
+                index.update(
+                    result.timers_exact.get(label, {}), result.timers_lowered.get(label, {})
+                )
             self.state_bytes_written += result.written.bytes
             segment_files.discard(channels[result.subtask].consumed(taken[result.subtask]))
             channels[result.subtask].advance(self.reaches[result.subtask])

@@ -187,6 +187,8 @@ class StateBackend:
     _garbage: list[str] = field(default_factory=list)
     timers: TimerIndex = field(default_factory=TimerIndex)
     """Where event-time timers may be due (time/timers.py): kept with the chains they index."""
+    processing_timers: TimerIndex = field(default_factory=TimerIndex)
+    """Where processing-time timers may be due."""
 
     # --- what a round's task is told, and what it wrote -------------------------------------
 
