@@ -283,7 +283,7 @@ def stored_timers(domain: TimerDomain, view: StateView, have: set[object]) -> pd
     the round does not already hold."""
     stored: list[pd.DataFrame] = []
     for group in domain.groups:
-        table = view.folded(group).rows.get(domain.state_name)
+        table = view.folded(group, only=domain.state_name).rows.get(domain.state_name)
         if table is None or not table.num_rows:
             continue
         part = pd.DataFrame(

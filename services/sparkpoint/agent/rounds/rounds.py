@@ -154,6 +154,8 @@ class Rounds:
         """Rows stage 2 processed, over every attempt."""
         self.state_bytes_written = 0
         """Bytes of the key-group state files stage 2 wrote, over every attempt."""
+        self.timers_fired = 0
+        """Timers stage 2 fired, over every attempt."""
 
     def in_flight(self) -> list[Future[Any]]:
         return [f for f in (self.fetching, self.processing) if f is not None]
@@ -383,6 +385,7 @@ class Rounds:
                     result.timers_exact.get(label, {}), result.timers_lowered.get(label, {})
                 )
             self.state_bytes_written += result.written.bytes
+            self.timers_fired += result.timers_fired
             segment_files.discard(channels[result.subtask].consumed(taken[result.subtask]))
             channels[result.subtask].advance(self.reaches[result.subtask])
             done.bytes_per_subtask[result.subtask] = sum(s.size for s in taken[result.subtask])

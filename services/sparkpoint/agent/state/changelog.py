@@ -300,12 +300,15 @@ def _keys(series: pd.Series) -> np.ndarray:
     return np.asarray(keys, dtype=object)
 
 
-def materialize(runs: Sequence[Run], group: int) -> Run:
-    """Key group ``group``'s whole state from its runs (newest first) as one base run."""
+def materialize(runs: Sequence[Run], group: int, only: str | None = None) -> Run:
+    """Key group ``group``'s whole state from its runs (newest first) as one base run
+    (``only``: of that one state, the others left out)."""
     low, high = group_bounds(group)
     names = {name for run in runs for name in run.rows} | {
         name for run in runs for name in (run.replaced or {})
     }
+    if only is not None:
+        names &= {only}
     rows: dict[str, pa.Table] = {}
     for name in sorted(names):
         parts: list[pa.Table | None] = []

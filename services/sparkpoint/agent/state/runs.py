@@ -265,14 +265,14 @@ class StateView:
         _, first = np.unique(all_keys, return_index=True)
         return all_keys[first], np.concatenate(groups)[first]
 
-    def folded(self, group: int, newest: Run | None = None) -> Run:
+    def folded(self, group: int, newest: Run | None = None, only: str | None = None) -> Run:
         """Key group ``group``'s whole state as a base (``newest``: a run written after the
-        ones the books name)."""
+        ones the books name; ``only``: of that one state)."""
         runs, bases = self._load({group})
         layers = ([newest] if newest is not None else []) + [
             run for run, live in runs if group in live
         ]
-        return changelog.materialize([*layers, *bases], group)
+        return changelog.materialize([*layers, *bases], group, only)
 
     def compact(self, run: Run | None, written: Written) -> Written:
         """``written`` (the round's ``run``, written) with the merge and the bases the driver
