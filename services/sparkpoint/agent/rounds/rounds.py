@@ -156,6 +156,9 @@ class Rounds:
         """Bytes of the key-group state files stage 2 wrote, over every attempt."""
         self.timers_fired = 0
         """Timers stage 2 fired, over every attempt."""
+        self.firing_seconds = 0.0
+        """Wall time of the rounds that fired timers, submission to collection."""
+        self.submitted = 0.0
 
     def in_flight(self) -> list[Future[Any]]:
         return [f for f in (self.fetching, self.processing) if f is not None]
@@ -199,6 +202,7 @@ class Rounds:
         fetching: Future[list[FetchResult]] | None = Future() if fetch else None
         whole.add_done_callback(lambda done: hand_out(done, processing, fetching))
         self.processing, self.fetching = processing, fetching
+        self.submitted = time.monotonic()
         return bool(process)
 
     # --- stage 1 ---------------------------------------------------------------------------------
@@ -393,6 +397,8 @@ class Rounds:
                 done.outputs.append((result.subtask, result.output_path))
             self.progress.emitted(result.output_rows)
         self.processed_rows += sum(s.rows for segments in taken.values() for s in segments)
+        if any(r.timers_fired for r in processing.result()):
+            self.firing_seconds += now - self.submitted
         if self.settings.source.watermark_strategy is not None:
             source_watermark = self.progress.source_watermark
             self.progress.watermarked(source_watermark, [c.watermark for c in channels])
