@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from sparkpoint.agent.time.windows import (
     Windows,
     assign,
 )
+from sparkpoint.cli.commands import describe_watermark, stored_watermark
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.kafka import make_producer
 from tests.agent_jobs import FAST_CHECKPOINTS, WINDOW_MS, WindowCounts
@@ -174,8 +176,13 @@ def test_a_restore_with_another_parallelism_goes_on_from_the_stored_watermark(
         settings=UNALIGNED if unaligned else None, slow_s=0.05 if unaligned else 0.0,
     )  # fmt: skip
     first = in_process(job, coordinator, spark)
-    stored, channel = run_until_stored(first, coordinator, job.id, with_channel_state=unaligned)
+    stored, channel, directory = run_until_stored(
+        first, coordinator, job.id, with_channel_state=unaligned
+    )
     lowest = min([s["watermark"]["value"] for s in stored] + channel)
+    # what `sparkpoint checkpoints JOB` shows of it
+    assert stored_watermark(str(directory)) == min(s["watermark"]["value"] for s in stored)
+    assert describe_watermark(lowest).endswith("Z)")
 
     produce(coordinator.bootstrap, topic, 1_000, 400)
     second = in_process(replace(job, parallelism=3), coordinator, spark, restore="latest")
@@ -222,7 +229,7 @@ def read_past(coordinator: Running, job_id: str, topic: str, offset: int) -> boo
 
 def run_until_stored(
     agent: Agent, coordinator: Running, job_id: str, with_channel_state: bool
-) -> tuple[list[dict[str, Any]], list[int]]:
+) -> tuple[list[dict[str, Any]], list[int], Path]:
     """Runs ``agent`` until a completed checkpoint stored a watermark above the minimum (and,
     ``with_channel_state``, records in flight), then stops it; returns that checkpoint's
     source snapshots and the watermarks its channel state records."""
@@ -230,6 +237,7 @@ def run_until_stored(
     thread.start()
     found: list[dict[str, Any]] = []
     channel: list[int] = []
+    where: list[Path] = []
 
     def stored() -> bool:
         base = coordinator.root / "checkpoints" / job_id
@@ -243,6 +251,7 @@ def run_until_stored(
             if snapshots and all(s["watermark"]["value"] > MIN_WATERMARK for s in snapshots):
                 found[:] = snapshots
                 channel[:] = [m["watermark"] for m in manifests if "watermark" in m]
+                where[:] = [directory]
                 return True
             return False
         return False
@@ -253,7 +262,7 @@ def run_until_stored(
         agent.stop()
         thread.join(60)
     time.sleep(0.1)
-    return found, channel
+    return found, channel, where[0]
 
 
 def test_kafka_timestamps_make_the_watermark_and_an_idle_partition_stops_holding_it_back(

@@ -14,6 +14,7 @@ from sparkpoint.agent.rounds.channels import Channel, event_times_before
 from sparkpoint.agent.time.strategy import event_times
 from sparkpoint.agent.time.timers import TimerIndex
 from sparkpoint.agent.time.watermarks import SourceWatermarks
+from sparkpoint.cli.commands import describe_watermark
 from sparkpoint.common.keygroups import KeyGroupRange
 
 A, B = ("t", 0), ("t", 1)
@@ -205,3 +206,9 @@ def test_the_timer_index_names_only_key_groups_that_may_be_due() -> None:
     assert 3 not in index.earliest and index.earliest[70] == 150
     index.restored([1, 2])
     assert index.due(KeyGroupRange(0, 127), MIN_WATERMARK) == [1, 2]
+
+
+def test_a_stored_watermark_reads_as_a_time_or_as_flinks_bounds() -> None:
+    assert describe_watermark(MIN_WATERMARK) == "none yet (Long.MIN_VALUE)"
+    assert describe_watermark(MAX_WATERMARK) == "end of input (Long.MAX_VALUE)"
+    assert describe_watermark(1_767_225_600_000) == "1767225600000 (2026-01-01T00:00:00.000Z)"

@@ -276,7 +276,50 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         say(
             f"{entry['id']:>6}  {entry['status']:<11} {entry['checkpoint_type']:<20} {entry['end_to_end_duration']:>7}ms {entry['state_size']:>10} {acks:>7}  {where}"
         )
+    latest = next(
+        (e for e in stats["history"] if e["status"] == "COMPLETED" and e.get("external_path")),
+        None,
+    )
+    if latest is not None:
+        watermark = stored_watermark(latest["external_path"])
+        if watermark is not None:
+            say(f"watermark stored by checkpoint {latest['id']}: {describe_watermark(watermark)}")
     return EXIT_OK
+
+
+def stored_watermark(directory: str) -> int | None:
+    """The lowest keyed subtask's watermark a checkpoint or savepoint stored (its
+    ``source-<i>.json`` files): what a restore starts from. None when it stored none (a job
+    without event time) or its storage cannot be read from here."""
+    import json
+    import posixpath
+
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, root = url_to_fs(directory)
+        values = []
+        for path in fs.glob(posixpath.join(root, "source-*.json")):
+            with fs.open(path, "rb") as file:
+                data = json.loads(file.read())
+            watermark = data.get("watermark") if isinstance(data, dict) else None
+            if isinstance(watermark, dict) and isinstance(watermark.get("value"), int):
+                values.append(int(watermark["value"]))
+    except (OSError, ValueError, ImportError):
+        return None
+    return min(values) if values else None
+
+
+def describe_watermark(value: int) -> str:
+    """A watermark as a user reads it: the time it stands for, or Flink's bounds by name."""
+    from datetime import UTC, datetime
+
+    if value <= -(2**63):
+        return "none yet (Long.MIN_VALUE)"
+    if value >= 2**63 - 1:
+        return "end of input (Long.MAX_VALUE)"
+    moment = datetime.fromtimestamp(value / 1000, tz=UTC)
+    return f"{value} ({moment.isoformat(timespec='milliseconds').replace('+00:00', 'Z')})"
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
