@@ -10,7 +10,7 @@ import pytest
 from sparkpoint import MAX_WATERMARK, MIN_WATERMARK, FileSource, WatermarkStrategy
 from sparkpoint.agent.job import TIMERS, KeyedFunction, KeyedState, declared_state
 from sparkpoint.agent.recovery.restore import Restored, SubtaskWatermark
-from sparkpoint.agent.rounds.channels import Channel, event_times_before
+from sparkpoint.agent.rounds.channels import Channel, event_times_before, mark_source_watermark
 from sparkpoint.agent.time.strategy import event_times
 from sparkpoint.agent.time.timers import TimerIndex
 from sparkpoint.agent.time.watermarks import SourceWatermarks
@@ -137,6 +137,33 @@ def test_a_restored_mark_goes_behind_the_restored_records() -> None:
     restored = channel.append_restored("r", 5, 50)
     assert channel.watermark_at(restored.sequence - 1) == 100
     assert channel.watermark_at(restored.sequence) == 300
+
+
+class BoundedInput:
+    def __init__(self, watermarks: SourceWatermarks | None) -> None:
+        self.watermarks = watermarks
+        self.read = False
+
+    def finished(self) -> bool:
+        return self.read
+
+
+@pytest.mark.parametrize("strategy", [None, WatermarkStrategy.for_monotonous_timestamps()])
+def test_a_bounded_input_ends_with_the_maximum_watermark_with_or_without_a_strategy(
+    strategy: WatermarkStrategy | None,
+) -> None:
+    clock = SourceWatermarks(strategy, [A]) if strategy is not None else None
+    if clock is not None:
+        clock.start({}, now_s=0.0)
+    source, channels = BoundedInput(clock), [Channel(0), Channel(1)]
+    first = mark_source_watermark(source, channels, now=1.0)
+    assert first == (None if strategy is None else MIN_WATERMARK)
+    assert all(c.watermark_at(c.reach([])) == MIN_WATERMARK for c in channels)
+    source.read = True
+    assert mark_source_watermark(source, channels, now=2.0) == (
+        None if strategy is None else MAX_WATERMARK
+    )
+    assert all(c.advance(c.reach([])) == MAX_WATERMARK for c in channels)
 
 
 def test_a_cut_behind_reading_rewinds_the_highest_event_time_with_the_position() -> None:

@@ -23,9 +23,11 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from sparkpoint.agent.state.backend import delete_files
-from sparkpoint.agent.time.strategy import MIN_WATERMARK
+from sparkpoint.agent.time.strategy import MAX_WATERMARK, MIN_WATERMARK
+from sparkpoint.agent.time.watermarks import SourceWatermarks
 
 DEFAULT_CAPACITY_BYTES = 256 * 1024 * 1024
 """Per channel, queued segment bytes above which the source stops fetching (backpressure)."""
@@ -266,6 +268,37 @@ class SegmentFiles:
 
 
 Partition = tuple[str, int]
+
+
+class WatermarkedSource(Protocol):
+    watermarks: SourceWatermarks | None
+
+    def finished(self) -> bool: ...
+
+
+def mark_source_watermark(
+    source: WatermarkedSource, channels: list[Channel], now: float
+) -> int | None:
+    """Marks the source's watermark now in every channel, after what each holds, and returns
+    it (None without event time). Restored channels first get the watermark their snapshot
+    stood at after its channel state. A bounded input that is read ends with `MAX_WATERMARK`,
+    with a watermark strategy or without one, as Flink's sources end."""
+    for channel in channels:
+        if channel.restored_mark is not None:
+            channel.mark(channel.restored_mark)
+            channel.restored_mark = None
+    clock = source.watermarks
+    if clock is None:
+        if source.finished():
+            for channel in channels:
+                channel.mark(MAX_WATERMARK)
+        return None
+    if source.finished() and not clock.ended:
+        clock.end()
+    watermark = clock.advance(now)
+    for channel in channels:
+        channel.mark(watermark)
+    return watermark
 
 
 def event_times_before(

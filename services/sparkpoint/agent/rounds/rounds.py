@@ -40,7 +40,12 @@ from sparkpoint.agent.job import (
     Source,
     has_timers,
 )
-from sparkpoint.agent.rounds.channels import Channel, Segment, SegmentFiles
+from sparkpoint.agent.rounds.channels import (
+    Channel,
+    Segment,
+    SegmentFiles,
+    mark_source_watermark,
+)
 from sparkpoint.agent.rounds.fetch import FetchResult, FetchTask, fetch_and_partition
 from sparkpoint.agent.rounds.process import ProcessResult, ProcessTask, output_file, process_subtask
 from sparkpoint.agent.rounds.user_code import UserCodeFailure, guarded, unless_user_failed
@@ -285,22 +290,10 @@ class Rounds:
         return fetched
 
     def watermarks(self, source: Reader, channels: list[Channel]) -> None:
-        """The source's watermark now (`MAX_WATERMARK` once a bounded input is read), marked in
-        every channel after what it holds; restored channels first get the watermark their
-        snapshot stood at after its channel state."""
-        for channel in channels:
-            if channel.restored_mark is not None:
-                channel.mark(channel.restored_mark)
-                channel.restored_mark = None
-        clock = source.watermarks
-        if clock is None:
-            return
-        if source.finished() and not clock.ended:
-            clock.end()
-        watermark = clock.advance(time.monotonic())
-        for channel in channels:
-            channel.mark(watermark)
-        self.progress.watermarked(watermark, [c.watermark for c in channels])
+        """The source's watermark now, marked in every channel after what it holds."""
+        watermark = mark_source_watermark(source, channels, time.monotonic())
+        if watermark is not None:
+            self.progress.watermarked(watermark, [c.watermark for c in channels])
 
     # --- stage 2 ---------------------------------------------------------------------------------
 
