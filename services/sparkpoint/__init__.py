@@ -36,6 +36,7 @@ _EXPORTS = {
     "WatermarkStrategy": "sparkpoint.agent.time.strategy",
     "MIN_WATERMARK": "sparkpoint.agent.time.strategy",
     "MAX_WATERMARK": "sparkpoint.agent.time.strategy",
+    "StateTtlConfig": "sparkpoint.agent.time.ttl",
 }
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "ListState",
     "MapState",
     "RawValues",
+    "StateTtlConfig",
     "StringValues",
     "ValueState",
     "WatermarkStrategy",
@@ -84,6 +86,7 @@ if TYPE_CHECKING:
         load_job,
     )
     from sparkpoint.agent.time.strategy import MAX_WATERMARK, MIN_WATERMARK, WatermarkStrategy
+    from sparkpoint.agent.time.ttl import StateTtlConfig
 
 
 def __getattr__(name: str) -> Any:

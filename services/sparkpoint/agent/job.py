@@ -27,14 +27,16 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import pandas as pd
 
 from sparkpoint.agent.formats import JsonValues, ValueFormat
 from sparkpoint.agent.time.strategy import MIN_WATERMARK, WatermarkStrategy
+from sparkpoint.agent.time.ttl import TTL_PREFIX, StateTtlConfig, ttl_state_name
 from sparkpoint.common.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 from sparkpoint.common.limits import JOB_ID_PATTERN
 from sparkpoint.common.options import parse_duration
@@ -52,22 +54,36 @@ class ValueState:
     """One value per key. In a function: a Series indexed by key."""
 
     dtype: str = "object"
+    ttl: StateTtlConfig | None = None
+    """The entries' time-to-live (`StateTtlConfig`); None: they live until deleted."""
+
+    def enable_time_to_live(self, ttl: StateTtlConfig) -> ValueState:
+        return replace(self, ttl=ttl)
 
 
 @dataclass(frozen=True)
 class ListState:
     """An ordered list of values per key. In a function: a Series indexed by key (repeated),
-    in list order."""
+    in list order. A TTL applies to each element, as in Flink."""
 
     dtype: str = "object"
+    ttl: StateTtlConfig | None = None
+
+    def enable_time_to_live(self, ttl: StateTtlConfig) -> ListState:
+        return replace(self, ttl=ttl)
 
 
 @dataclass(frozen=True)
 class MapState:
-    """A map per key. In a function: a Series indexed by (key, user key)."""
+    """A map per key. In a function: a Series indexed by (key, user key). A TTL applies to each
+    entry, as in Flink."""
 
     key_dtype: str = "object"
     dtype: str = "object"
+    ttl: StateTtlConfig | None = None
+
+    def enable_time_to_live(self, ttl: StateTtlConfig) -> MapState:
+        return replace(self, ttl=ttl)
 
 
 StateDescriptor = ValueState | ListState | MapState
@@ -85,21 +101,27 @@ class KeyedState:
         current_processing_time: int = 0,
         key_column: str = "key",
     ):
-        self.declared = dict(declared)
+        self.declared = with_ttl_companions(declared)
         self.current_watermark = current_watermark
         self.current_processing_time = current_processing_time
         self.key_column = key_column
         """The job's key column (the records' and a fired timer frame's)."""
         """The round's processing time (ms since the epoch, the driver's clock when it planned
-        the round; Flink's ``currentProcessingTime()``): what processing-time timers compare
-        to."""
+        the round; Flink's ``currentProcessingTime()``): what processing-time timers and state
+        TTLs compare to."""
         """The subtask's event-time watermark before this round's records (ms; Flink's
         ``currentWatermark()``, `MIN_WATERMARK` before the first): records at or below it
         arrived late."""
+        self.ttls = {name: d.ttl for name, d in self.declared.items() if d.ttl is not None}
+        """The states with a time-to-live, and theirs."""
         self._series: dict[str, pd.Series] = {}
         for name, descriptor in self.declared.items():
             self._series[name] = frames.get(name, empty_series(descriptor))
         self.changed: set[str] = set()
+        for name in self.ttls:
+            self._series[ttl_state_name(name)] = self._stamps_of(
+                name, self._series[name], self._series[ttl_state_name(name)]
+            )
 
     def _check(self, name: str, kind: type) -> StateDescriptor:
         descriptor = self.declared.get(name)
@@ -111,22 +133,71 @@ class KeyedState:
             )
         return descriptor
 
+    def _read(self, name: str, kind: type) -> pd.Series:
+        """A state as the function sees it: without its expired entries (they are removed, as
+        Flink's TTL state clears an expired entry it reads), and refreshed when read if its
+        TTL says so."""
+        self._check(name, kind)
+        ttl = self.ttls.get(name)
+        if ttl is not None and len(self._series[name]):
+            stamps_name = ttl_state_name(name)
+            if not ttl.returns_expired:
+                stamps = self._series[stamps_name]
+                live = stamps.to_numpy() + ttl.ttl_ms > self.current_processing_time
+                if not live.all():
+                    self._set(name, self._series[name][live])
+                    self._set(stamps_name, stamps[live])
+            if ttl.refreshed_on_read and len(self._series[name]):
+                self._set(stamps_name, self._now(self._series[name].index))
+        return self._series[name]
+
     def _replace(self, name: str, kind: type, values: pd.Series) -> None:
         """Entries whose index is in ``values``' index are replaced by ``values``."""
         descriptor = self._check(name, kind)
         current = self._series[name]
-        kept = current[~current.index.isin(values.index)]
-        self._set(name, pd.concat([kept, values.astype(descriptor.dtype)]))
+        kept = ~current.index.isin(values.index)
+        self._set(name, pd.concat([current[kept], values.astype(descriptor.dtype)]))
+        if name in self.ttls:
+            stamps = self._series[ttl_state_name(name)]
+            self._set(ttl_state_name(name), pd.concat([stamps[kept], self._now(values.index)]))
 
     def _remove(self, name: str, kind: type, index: pd.Index | list[Any]) -> None:
         self._check(name, kind)
         current = self._series[name]
-        self._set(name, current[~current.index.isin(index)])
+        kept = ~current.index.isin(index)
+        self._set(name, current[kept])
+        if name in self.ttls:
+            stamps_name = ttl_state_name(name)
+            self._set(stamps_name, self._series[stamps_name][kept])
+
+    def _now(self, index: pd.Index) -> pd.Series:
+        """Timestamps of now for the entries of ``index``."""
+        return pd.Series(self.current_processing_time, index=index, dtype="int64")
+
+    def _stamps_of(self, name: str, series: pd.Series, stamps: pd.Series) -> pd.Series:
+        """``stamps`` (as read from the store) in ``series``' order, entry for entry. A list's
+        elements keep their order within a key, so they line up once the keys do; an entry
+        without a timestamp (a state declared with a TTL after it was written) counts from
+        now."""
+        if isinstance(self.declared[name], ListState):
+            if len(stamps) == len(series) and stamps.index.equals(series.index):
+                return stamps
+            _, uniques = pd.factorize(pd.Index(series.index, dtype=object))
+            at = pd.Index(uniques).get_indexer(pd.Index(stamps.index, dtype=object))
+            ordered = stamps.iloc[np.argsort(np.where(at < 0, len(uniques), at), kind="stable")]
+            if len(ordered) == len(series) and ordered.index.equals(series.index):
+                return ordered
+            self.changed.add(ttl_state_name(name))
+            return self._now(series.index)
+        aligned = stamps.reindex(series.index)
+        if aligned.isna().any():
+            self.changed.add(ttl_state_name(name))
+            aligned = aligned.fillna(self.current_processing_time)
+        return aligned.astype("int64")
 
     # value state
     def value(self, name: str) -> pd.Series:
-        self._check(name, ValueState)
-        return self._series[name]
+        return self._read(name, ValueState)
 
     def update_value(self, name: str, values: pd.Series) -> None:
         """Sets the value of every key in ``values``' index."""
@@ -137,13 +208,15 @@ class KeyedState:
 
     # list state
     def list(self, name: str) -> pd.Series:
-        self._check(name, ListState)
-        return self._series[name]
+        return self._read(name, ListState)
 
     def add_to_list(self, name: str, values: pd.Series) -> None:
         """Appends ``values`` (indexed by key, in order) to the lists of their keys."""
         descriptor = self._check(name, ListState)
         self._set(name, pd.concat([self._series[name], values.astype(descriptor.dtype)]))
+        if name in self.ttls:
+            stamps_name = ttl_state_name(name)
+            self._set(stamps_name, pd.concat([self._series[stamps_name], self._now(values.index)]))
 
     def set_list(self, name: str, values: pd.Series) -> None:
         """Replaces the lists of the keys in ``values``' index."""
@@ -151,8 +224,7 @@ class KeyedState:
 
     # map state
     def map(self, name: str) -> pd.Series:
-        self._check(name, MapState)
-        return self._series[name]
+        return self._read(name, MapState)
 
     def put_in_map(self, name: str, values: pd.Series) -> None:
         """Puts entries indexed by (key, user key); existing entries with those indexes go."""
@@ -219,6 +291,12 @@ class KeyedState:
 
     def add_keys(self, frames: Mapping[str, pd.Series]) -> None:
         """More keys' state (their state as read, for keys this state does not hold yet)."""
+        frames = dict(frames)
+        for name in self.ttls:
+            if name in frames:
+                stamps_name = ttl_state_name(name)
+                stamps = frames.get(stamps_name, empty_series(self.declared[stamps_name]))
+                frames[stamps_name] = self._stamps_of(name, frames[name], stamps)
         for name, series in frames.items():
             if len(series):
                 self._series[name] = pd.concat([self._series[name], series])
@@ -287,9 +365,25 @@ def has_timers(function: KeyedFunction) -> bool:
     return type(function).on_timer is not KeyedFunction.on_timer
 
 
+def with_ttl_companions(declared: Mapping[str, StateDescriptor]) -> dict[str, StateDescriptor]:
+    """``declared`` and, for each state with a TTL, the state of its entries' last-access
+    timestamps (`sparkpoint.agent.time.ttl`): the same kind, int64 milliseconds."""
+    found: dict[str, StateDescriptor] = dict(declared)
+    for name, descriptor in declared.items():
+        if descriptor.ttl is None or name.startswith(TTL_PREFIX):
+            continue
+        stamps: StateDescriptor
+        if isinstance(descriptor, MapState):
+            stamps = MapState(key_dtype=descriptor.key_dtype, dtype="int64")
+        else:
+            stamps = type(descriptor)(dtype="int64")
+        found.setdefault(ttl_state_name(name), stamps)
+    return found
+
+
 def declared_state(function: KeyedFunction) -> dict[str, StateDescriptor]:
     """The state a function's key groups hold: what it declares, and its timers."""
-    declared = dict(function.state)
+    declared = with_ttl_companions(function.state)
     if has_timers(function):
         declared[TIMERS] = MapState(key_dtype="int64", dtype="bool")
         declared[PROCESSING_TIMERS] = MapState(key_dtype="int64", dtype="bool")

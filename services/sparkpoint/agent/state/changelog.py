@@ -32,6 +32,7 @@ import pyarrow.ipc as ipc
 
 from sparkpoint.agent.job import StateDescriptor, empty_series
 from sparkpoint.agent.state.backend import table_series
+from sparkpoint.agent.time.ttl import ttl_state_name
 
 KH = "kh"
 """The sort column: key group << 48 | the key's hash's low 48 bits."""
@@ -324,6 +325,39 @@ def materialize(runs: Sequence[Run], group: int, only: str | None = None) -> Run
         if found:
             rows[name] = _sorted(pa.concat_tables(found, promote_options="permissive"))
     return Run(rows)
+
+
+def without_expired(base: Run, declared: Mapping[str, StateDescriptor], now_ms: int) -> Run:
+    """A base run without the entries whose TTL ran out by ``now_ms`` (Flink's cleanup while
+    the backend compacts; `sparkpoint.agent.time.ttl`): a state's rows and its timestamps' rows
+    lie in the same order in a base (both sorted by ``kh``, a key's rows in list order), so one
+    comparison over the timestamps drops both. Where they do not line up (a hash collision
+    between keys written in different runs), nothing is dropped: reads still never return an
+    expired entry."""
+    rows = dict(base.rows)
+    for name, descriptor in declared.items():
+        ttl = descriptor.ttl
+        stamps_name = ttl_state_name(name)
+        if ttl is None or not ttl.cleanup_on_fold or stamps_name not in rows:
+            continue
+        stamps, table = rows[stamps_name], rows.get(name)
+        if table is None or not _lined_up(table, stamps):
+            continue
+        live = pc.greater(pc.add(stamps.column("value"), ttl.ttl_ms), now_ms)
+        if pc.all(live).as_py():
+            continue
+        rows[name], rows[stamps_name] = table.filter(live), stamps.filter(live)
+    return Run(rows)
+
+
+def _lined_up(table: pa.Table, stamps: pa.Table) -> bool:
+    if table.num_rows != stamps.num_rows:
+        return False
+    if not np.array_equal(_kh(table), _kh(stamps)):
+        return False
+    if "user_key" in table.column_names:
+        return bool(table.column("user_key").equals(stamps.column("user_key")))
+    return True
 
 
 def _slice(table: pa.Table, low: np.uint64, high: np.uint64) -> pa.Table:

@@ -6,6 +6,7 @@ compaction the driver asked for (a merge of runs, key groups folded into new bas
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -203,7 +204,7 @@ def fold(state: SubtaskState, declared: Mapping[str, StateDescriptor]) -> dict[i
     view = StateView(state, declared)
     written = {}
     for group in state.materialize:
-        data = changelog.encode_run(view.folded(group))
+        data = changelog.encode_run(view.folded(group, expire=True))
         write_file(state.base_paths[group], data)
         written[group] = len(data)
         view.forget(state.chains[group][0])
@@ -265,14 +266,20 @@ class StateView:
         _, first = np.unique(all_keys, return_index=True)
         return all_keys[first], np.concatenate(groups)[first]
 
-    def folded(self, group: int, newest: Run | None = None, only: str | None = None) -> Run:
+    def folded(
+        self, group: int, newest: Run | None = None, only: str | None = None, expire: bool = False
+    ) -> Run:
         """Key group ``group``'s whole state as a base (``newest``: a run written after the
-        ones the books name; ``only``: of that one state)."""
+        ones the books name; ``only``: of that one state; ``expire``: without the entries
+        whose TTL ran out, for a base that is written)."""
         runs, bases = self._load({group})
         layers = ([newest] if newest is not None else []) + [
             run for run, live in runs if group in live
         ]
-        return changelog.materialize([*layers, *bases], group, only)
+        base = changelog.materialize([*layers, *bases], group, only)
+        if expire:
+            base = changelog.without_expired(base, self.declared, int(time.time() * 1000))
+        return base
 
     def compact(self, run: Run | None, written: Written) -> Written:
         """``written`` (the round's ``run``, written) with the merge and the bases the driver
@@ -289,5 +296,6 @@ class StateView:
         bases: dict[int, int] = {}
         for group in state.materialize:
             newest = run if group in run_groups else None
-            bases[group] = self.write(state.base_paths[group], self.folded(group, newest))
+            folded = self.folded(group, newest, expire=True)
+            bases[group] = self.write(state.base_paths[group], folded)
         return Written(written.run, merged, bases)
