@@ -15,13 +15,20 @@ import pandas as pd
 import pytest
 
 from sparkpoint.agent.example import PaymentStats, payments, positive, reference_output
-from sparkpoint.agent.job import KeyedFunction, KeyedState, StateDescriptor, ValueState
+from sparkpoint.agent.job import (
+    KeyedFunction,
+    KeyedState,
+    StateDescriptor,
+    ValueState,
+    declared_state,
+)
 from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN, from_ipc, to_ipc
 from sparkpoint.agent.rounds.process import ProcessTask, has_end_of_input_hook, process_subtask
 from sparkpoint.agent.rounds.user_code import UserCodeRaised
 from sparkpoint.agent.state.backend import encode_state
 from sparkpoint.agent.state.books import StateBackend, restored_file
 from sparkpoint.agent.state.runs import StateView
+from sparkpoint.agent.time.ttl import StateTtlConfig, ttl_state_name
 from sparkpoint.common.keygroups import KeyGroupRange, key_group, key_groups
 
 MAX_PARALLELISM = 128
@@ -146,3 +153,55 @@ def test_only_a_function_with_an_end_of_input_hook_reads_all_its_state_at_the_en
         pass
 
     assert has_end_of_input_hook(PaymentStats()) and not has_end_of_input_hook(NoHook())
+
+
+class CountsThatExpire(KeyedFunction):
+    """Records per account, forgotten a second after an account's last record."""
+
+    state: ClassVar[Mapping[str, StateDescriptor]] = {
+        "count": ValueState("int64", ttl=StateTtlConfig.new_builder("1s").build())
+    }
+
+    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        counts = records.groupby("account", sort=False).size()
+        total = state.value("count").reindex(counts.index).fillna(0).astype("int64") + counts
+        state.update_value("count", total)
+        return pd.DataFrame({"account": total.index, "count": total.to_numpy()})
+
+
+def test_state_ttl_forgets_an_idle_key_on_read_and_its_fold_drops_what_nobody_read(
+    tmp_path: Path,
+) -> None:
+    """Rounds at processing times 0, 0.6 s and 1.5 s of real files and books: an account idle
+    for 1 s starts again from nothing; one never read again is gone from the base its key group
+    is folded into, its timestamp too, while a live one stays."""
+    (tmp_path / "channel").mkdir()
+    books = StateBackend(str(tmp_path / "state"), materialize_interval_s=1e9)
+    function = CountsThatExpire()
+    base_ms = 1_000_000
+    got: list[dict[str, int]] = []
+    plan = [(0, ["a", "b", "c"]), (600, ["b"]), (1_500, ["a", "b"])]
+    for number, (at_ms, accounts) in enumerate(plan, start=1):
+        rows = [{"id": i, "account": a, "amount": 5, "ts": 0} for i, a in enumerate(accounts)]
+        seq = books.seq(number)
+        asked = books.subtask_state(EVERY_GROUP, seq, 0, float(number))
+        task = ProcessTask(
+            0, str(tmp_path / "channel"), [segment(tmp_path / "channel", f"s-{number}", rows)],
+            asked, books.run_path(seq, 0), str(tmp_path / f"out-{number}.arrow"), key="account",
+            processing_time=base_ms + at_ms,
+        )  # fmt: skip
+        result = process_subtask(task, function)
+        books.install(asked, result.written, seq, float(number))
+        out = from_ipc(result.output_path) if result.output_path else pd.DataFrame()
+        got.append(dict(zip(out["account"], out["count"].astype(int), strict=True)))
+    assert got == [{"a": 1, "b": 1, "c": 1}, {"b": 2}, {"a": 1, "b": 3}]
+
+    view = StateView(books.subtask_state(EVERY_GROUP, 99, 0, 0.0), declared_state(function))
+
+    def kept(account: str, at_ms: int) -> dict[str, list[str]]:
+        base = view.folded(key_group(account, MAX_PARALLELISM), expire_at=base_ms + at_ms)
+        return {name: table.column("key").to_pylist() for name, table in base.rows.items()}
+
+    assert kept("c", 900) == {"count": ["c"], ttl_state_name("count"): ["c"]}
+    assert "c" not in kept("c", 1_500)["count"] + kept("c", 1_500)[ttl_state_name("count")]
+    assert kept("b", 1_500)["count"].count("b") == 1

@@ -4,6 +4,7 @@ picklable values; the driver plans and keeps the books (rounds.py, state/books.p
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -135,7 +136,7 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     if run is not None:
         run_groups = tuple(sorted(run.groups()))
         written = Written((task.run_path, view.write(task.run_path, run), run_groups))
-    written = view.compact(run, written)
+    written = view.compact(run, written, task.processing_time or int(time.time() * 1000))
     emitted = [out for out in outputs if out is not None and len(out)]
     rows = sum(len(out) for out in emitted)
     output_path = None

@@ -204,7 +204,7 @@ def fold(state: SubtaskState, declared: Mapping[str, StateDescriptor]) -> dict[i
     view = StateView(state, declared)
     written = {}
     for group in state.materialize:
-        data = changelog.encode_run(view.folded(group, expire=True))
+        data = changelog.encode_run(view.folded(group, expire_at=int(time.time() * 1000)))
         write_file(state.base_paths[group], data)
         written[group] = len(data)
         view.forget(state.chains[group][0])
@@ -267,23 +267,27 @@ class StateView:
         return all_keys[first], np.concatenate(groups)[first]
 
     def folded(
-        self, group: int, newest: Run | None = None, only: str | None = None, expire: bool = False
+        self,
+        group: int,
+        newest: Run | None = None,
+        only: str | None = None,
+        expire_at: int | None = None,
     ) -> Run:
         """Key group ``group``'s whole state as a base (``newest``: a run written after the
-        ones the books name; ``only``: of that one state; ``expire``: without the entries
-        whose TTL ran out, for a base that is written)."""
+        ones the books name; ``only``: of that one state; ``expire_at``: without the entries
+        whose TTL ran out by then, ms, for a base that is written)."""
         runs, bases = self._load({group})
         layers = ([newest] if newest is not None else []) + [
             run for run, live in runs if group in live
         ]
         base = changelog.materialize([*layers, *bases], group, only)
-        if expire:
-            base = changelog.without_expired(base, self.declared, int(time.time() * 1000))
+        if expire_at is not None:
+            base = changelog.without_expired(base, self.declared, expire_at)
         return base
 
-    def compact(self, run: Run | None, written: Written) -> Written:
+    def compact(self, run: Run | None, written: Written, now_ms: int) -> Written:
         """``written`` (the round's ``run``, written) with the merge and the bases the driver
-        asked for."""
+        asked for (without the entries whose TTL ran out by ``now_ms``)."""
         state = self.state
         merged = None
         if state.merge:
@@ -296,6 +300,6 @@ class StateView:
         bases: dict[int, int] = {}
         for group in state.materialize:
             newest = run if group in run_groups else None
-            folded = self.folded(group, newest, expire=True)
+            folded = self.folded(group, newest, expire_at=now_ms)
             bases[group] = self.write(state.base_paths[group], folded)
         return Written(written.run, merged, bases)
