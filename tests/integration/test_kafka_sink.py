@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from sparkpoint.agent.job import DeliveryGuarantee, KafkaSink
+from sparkpoint.agent.job import SIDE_OUTPUT, DeliveryGuarantee, KafkaSink
 from sparkpoint.agent.rounds.frames import to_ipc
 from sparkpoint.agent.sinks import kafka as sink_kafka
 from sparkpoint.agent.sinks.kafka import TRANSACTION_HEADER, KafkaSinkWriter
@@ -132,3 +132,42 @@ def test_an_at_least_once_record_the_broker_refuses_fails_the_task_instead_of_va
     written = KafkaSinkWriter(sink, kafka.bootstrap, codec, "job-alo", "a-1", "user").direct()
     assert written is not None and written(frame) == 2
     assert sorted(key for key, _, _ in read_all(kafka.bootstrap, topic, 2)) == [b"u1", b"u2"]
+
+
+def test_rows_naming_a_side_output_go_to_its_topic_in_the_epochs_transaction(
+    kafka: KafkaUnderTest,
+    topic_prefix: str,
+    new_topic: Callable[..., str],
+    codec: EventCodec,
+    tmp_path: Path,
+) -> None:
+    """A window's late records (``side_output`` "late") go to the side output's topic, in the
+    same transaction as the epoch's main output, without the routing column; a row naming a
+    side output the sink does not route fails the epoch, naming those it does."""
+    create_topics(make_admin(kafka.bootstrap), partitions=1)
+    main, late = new_topic(), new_topic()
+    frame = pd.DataFrame(
+        {
+            "user": ["u1", "u2", "u3", "u4"],
+            "n": [1, 2, 3, 4],
+            SIDE_OUTPUT: [None, "late", "", "late"],
+        }
+    )
+    staged = tmp_path / "out-1.arrow"
+    staged.write_bytes(to_ipc(frame))
+    sink = KafkaSink(main, side_outputs={"late": late})
+    writer = KafkaSinkWriter(sink, kafka.bootstrap, codec, "job-side", "agent-1", "user")
+    try:
+        assert writer.publish_epoch(1, [str(staged)]) == 4
+        wrong = tmp_path / "out-2.arrow"
+        wrong.write_bytes(to_ipc(frame.assign(**{SIDE_OUTPUT: "early"})))
+        with pytest.raises(ValueError, match=r"'early'.*side_outputs: \['late'\]"):
+            writer.publish_epoch(2, [str(wrong)])
+    finally:
+        writer.close()
+
+    in_main, in_late = read_all(kafka.bootstrap, main, 2), read_all(kafka.bootstrap, late, 2)
+    assert sorted(key for key, _, _ in in_main) == [b"u1", b"u3"]
+    assert sorted(key for key, _, _ in in_late) == [b"u2", b"u4"]
+    assert all(SIDE_OUTPUT.encode() not in value for _, value, _ in in_main + in_late)
+    assert len({token for _, _, token in in_main + in_late}) == 1, "one transaction"

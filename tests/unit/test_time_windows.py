@@ -10,10 +10,12 @@ import pytest
 
 from sparkpoint.agent.job import KeyedState, declared_state
 from sparkpoint.agent.time.windows import (
+    EventTimeSessionWindows,
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,
     WindowAggregate,
     assign,
+    merged_sessions,
 )
 
 
@@ -91,3 +93,97 @@ def test_allowed_lateness_fires_again_for_a_late_record_then_cleans_up() -> None
     state.current_watermark = 15
     function.process(pd.DataFrame({"account": ["a"], "ts": [3]}), state)
     assert function.late_records == 1
+
+
+def sessions(gap: int = 10, lateness: int = 0) -> WindowAggregate:
+    return WindowAggregate(
+        EventTimeSessionWindows.with_gap(gap),
+        {"n": ("*", "count"), "total": ("amount", "sum")},
+        "ts",
+        allowed_lateness=lateness,
+    )
+
+
+def payments(account: str, *stamps: int) -> pd.DataFrame:
+    return pd.DataFrame(
+        {"account": account, "ts": list(stamps), "amount": [float(t) for t in stamps]}
+    )
+
+
+def test_a_session_closes_a_gap_after_its_last_record() -> None:
+    function = sessions()
+    state = state_for(function, -(2**63), None)
+    both = pd.concat([payments("a", 1, 5), payments("b", 3)], ignore_index=True)
+    assert function.process(both, state).empty
+    assert fire(function, state, 11).empty
+    assert fire(function, state, 12).to_dict("records") == [
+        {"account": "b", "window_start": 3, "window_end": 13, "n": 1, "total": 3.0}
+    ]
+    assert fire(function, state, 14).to_dict("records") == [
+        {"account": "a", "window_start": 1, "window_end": 15, "n": 2, "total": 6.0}
+    ]
+    assert state.map("session:end").empty and state.event_time_timers().empty
+
+
+def test_a_record_that_bridges_two_sessions_merges_them_and_moves_their_timers() -> None:
+    function = sessions()
+    state = state_for(function, -(2**63), None)
+    function.process(payments("a", 0, 30), state)  # [0, 10) and [30, 40)
+    function.process(payments("a", 10), state)  # touches [0, 10): [0, 20)
+    assert sorted(state.map("session:end").to_dict().items()) == [(("a", 0), 20), (("a", 30), 40)]
+    function.process(payments("a", 20), state)  # touches both: [0, 40)
+    assert state.map("session:end").to_dict() == {("a", 0): 40}
+    assert state.event_time_timers().tolist() == [39]
+    assert fire(function, state, 38).empty
+    assert fire(function, state, 39).to_dict("records") == [
+        {"account": "a", "window_start": 0, "window_end": 40, "n": 4, "total": 60.0}
+    ]
+
+
+def test_a_session_fires_again_for_a_record_within_the_lateness_and_drops_one_after() -> None:
+    function = sessions(lateness=5)
+    state = state_for(function, -(2**63), None)
+    function.process(payments("a", 0), state)
+    assert fire(function, state, 9)["n"].tolist() == [1]
+    state.current_watermark = 12
+    assert function.process(payments("a", 4), state).empty  # joins [0, 10): [0, 14)
+    again = fire(function, state, 13)  # the merged session fires at its new end
+    assert again[["window_start", "window_end", "n"]].to_dict("records") == [
+        {"window_start": 0, "window_end": 14, "n": 2}
+    ]
+    state.current_watermark = 15
+    within = function.process(payments("a", 1), state)  # within the lateness: again at once
+    assert within[["window_start", "window_end", "n"]].to_dict("records") == [
+        {"window_start": 0, "window_end": 14, "n": 3}
+    ]
+    assert fire(function, state, 17).empty and len(state.map("session:end")) == 1
+    assert fire(function, state, 18).empty and state.map("session:end").empty  # cleaned up
+    state.current_watermark = 30
+    assert function.process(payments("a", 5), state).empty  # its session ended by 19: late
+    assert function.late_records == 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sessions_merge_as_flinks_merging_of_time_windows(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    keys = rng.choice(["a", "b", "c"], 30)
+    starts = rng.integers(0, 200, 30)
+    ends = starts + rng.integers(1, 20, 30)
+    got = merged_sessions(pd.DataFrame({"key": keys, "start": starts, "end": ends}))
+    for key in "abc":  # a brute force: merge intersecting windows until none intersect
+        mine = [(int(s), int(e)) for k, s, e in zip(keys, starts, ends, strict=True) if k == key]
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted(mine):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        of = {i: got[i] for i in range(30) if keys[i] == key}
+        assert len(set(of.values())) == len(merged)
+        for i, session in of.items():
+            same = [j for j, other in of.items() if other == session]
+            low = min(int(starts[j]) for j in same)
+            assert any(low == m[0] for m in merged)
+            assert all(
+                m[0] <= starts[i] < m[1] or m[0] <= starts[i] <= m[1] for m in merged if m[0] == low
+            )

@@ -501,6 +501,16 @@ class KafkaSink:
     """librdkafka producer settings over the agent's Kafka client configuration and over
     sparkpoint's (as Flink's KafkaSink takes producer properties); ``transactional.id`` is the
     sink's own and cannot be set."""
+    side_outputs: Mapping[str, str] = field(default_factory=dict)
+    """Side output name -> topic (Flink's ``OutputTag`` and ``getSideOutput``): an output row
+    whose `SIDE_OUTPUT` column names one goes to its topic, in the same transaction as the
+    rest of its epoch, so exactly once too; e.g. ``{"late": "payments-late"}`` for a window's
+    late records (``WindowAggregate(late_output="late")``)."""
+
+
+SIDE_OUTPUT = "side_output"
+"""The column of a function's output that sends a row to a side output of the Kafka sink
+(`KafkaSink.side_outputs`) by name; empty or absent: the main output."""
 
 
 @dataclass(frozen=True)

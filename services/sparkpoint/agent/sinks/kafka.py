@@ -36,7 +36,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from sparkpoint.agent.faults import kill, passes
 from sparkpoint.agent.formats import with_registry_settings
-from sparkpoint.agent.job import DeliveryGuarantee, KafkaSink
+from sparkpoint.agent.job import SIDE_OUTPUT, DeliveryGuarantee, KafkaSink
 from sparkpoint.agent.sinks import (
     Emit,
     PublishedEpoch,
@@ -274,6 +274,39 @@ def _producer(
 def _produce(
     producer: Producer, task: Publish, frame: pd.DataFrame, transaction: str | None
 ) -> int:
+    """Queues ``frame``'s records: each to the sink's topic, or to the topic of the side output
+    its `SIDE_OUTPUT` column names (in the same transaction)."""
+    return sum(
+        _produce_to(producer, task, topic, part, transaction)
+        for topic, part in side_outputs(task.sink, frame)
+    )
+
+
+def side_outputs(sink: KafkaSink, frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """``frame`` split by topic: rows whose `SIDE_OUTPUT` is empty go to the sink's topic, the
+    others to the topic ``sink.side_outputs`` names for their side output (Flink's
+    ``OutputTag``); the column itself is not written. A side output the sink does not name is
+    the job's error, named with those it does."""
+    if SIDE_OUTPUT not in frame.columns:
+        return [(sink.topic, frame)]
+    tags = frame[SIDE_OUTPUT]
+    routed = tags.notna() & (tags.astype(str) != "")
+    rest = frame.drop(columns=[SIDE_OUTPUT])
+    parts = [(sink.topic, rest[~routed.to_numpy()])]
+    for tag in pd.unique(tags[routed]):
+        topic = sink.side_outputs.get(str(tag))
+        if topic is None:
+            raise ValueError(
+                f"output rows name side output {tag!r}, which the sink to {sink.topic} does "
+                f"not route (side_outputs: {sorted(sink.side_outputs) or 'none'})"
+            )
+        parts.append((topic, rest[(tags == tag).to_numpy()]))
+    return parts
+
+
+def _produce_to(
+    producer: Producer, task: Publish, topic: str, frame: pd.DataFrame, transaction: str | None
+) -> int:
     if not len(frame):
         return 0
     values = task.sink.value_format.encode(frame)
@@ -288,10 +321,10 @@ def _produce(
     )
     if task.crash_halfway:
         middle = len(values) // 2 + 1
-        _send(producer, task.sink.topic, values[:middle], keys[:middle], headers)
+        _send(producer, topic, values[:middle], keys[:middle], headers)
         producer.flush(30)  # half of the records delivered, the transaction open
         return middle
-    _send(producer, task.sink.topic, values, keys, headers)
+    _send(producer, topic, values, keys, headers)
     return len(values)
 
 

@@ -1,5 +1,5 @@
 """Event-time windows on timers (Flink's ``TumblingEventTimeWindows``,
-``SlidingEventTimeWindows``, allowed lateness and late data), as a keyed function a job uses
+``SlidingEventTimeWindows``, ``EventTimeSessionWindows``, allowed lateness and late data), as a keyed function a job uses
 whole or a subclass extends::
 
     job = Job(..., key="account",
@@ -9,15 +9,17 @@ whole or a subclass extends::
                                        timestamp_column="ts",
                                        allowed_lateness="5s"))
 
-A record goes to every window it falls in (one when tumbling, ``size / slide`` when sliding).
+A record goes to every window it falls in (one when tumbling, ``size / slide`` when sliding;
+sessions merge as it joins them: `EventTimeSessionWindows`).
 Each window's aggregates are kept per key as map state (key, window start) and emitted once the
 watermark passes the window's end: one row per key and window, with the key column,
 ``window_start``, ``window_end`` (exclusive) and the aggregates. With allowed lateness, a
 record that arrives after its window fired but within the lateness updates the window and emits
 it again at once (Flink's default trigger fires again for each late element); the window's
 state goes when the watermark passes its end plus the lateness. A record later than that is
-late: dropped and counted (``WindowAggregate.late_records`` of the task, and a row with
-``late`` true when ``emit_late`` is on, Flink's ``sideOutputLateData``).
+late: dropped and counted (``WindowAggregate.late_records`` of the task), or emitted as it came
+with ``late`` true: in the main output with ``emit_late``, or to a side output of the sink with
+``late_output`` (Flink's ``sideOutputLateData``; ``KafkaSink(side_outputs={"late": topic})``).
 """
 
 from __future__ import annotations
@@ -29,11 +31,19 @@ from typing import ClassVar
 import numpy as np
 import pandas as pd
 
-from sparkpoint.agent.job import KeyedFunction, KeyedState, MapState, StateDescriptor
+from sparkpoint.agent.job import (
+    SIDE_OUTPUT,
+    KeyedFunction,
+    KeyedState,
+    MapState,
+    StateDescriptor,
+)
 from sparkpoint.agent.time.strategy import event_times
 from sparkpoint.common.options import parse_duration
 
 AGGREGATES = ("count", "sum", "min", "max")
+SESSION_END = "session:end"
+"""Session windows: (key, session start) -> its end (exclusive: its last record + the gap)."""
 """What a window keeps per aggregate; ``mean`` is not kept (a sum and a count give it)."""
 
 
@@ -74,10 +84,28 @@ class SlidingEventTimeWindows:
         return windows
 
 
-Windows = TumblingEventTimeWindows | SlidingEventTimeWindows
+@dataclass(frozen=True)
+class EventTimeSessionWindows:
+    """A key's records whose ``[timestamp, timestamp + gap)`` windows touch or overlap make
+    one session (Flink's ``EventTimeSessionWindows.withGap`` and its ``TimeWindow.mergeWindows``):
+    a session ends a gap after its last record, and a record that bridges two sessions merges
+    them."""
+
+    gap_ms: int
+
+    @staticmethod
+    def with_gap(gap: str | int) -> EventTimeSessionWindows:
+        windows = EventTimeSessionWindows(parse_duration(gap))
+        if windows.gap_ms < 1:
+            raise ValueError("a session gap must be positive")
+        return windows
 
 
-def assign(windows: Windows, timestamps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+Windows = TumblingEventTimeWindows | SlidingEventTimeWindows | EventTimeSessionWindows
+FixedWindows = TumblingEventTimeWindows | SlidingEventTimeWindows
+
+
+def assign(windows: FixedWindows, timestamps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(row, window start) for every window each timestamp falls in (Flink's
     ``TimeWindow.getWindowStartWithOffset``)."""
     slide, size, offset = windows.slide_ms, windows.size_ms, windows.offset_ms
@@ -98,6 +126,7 @@ class WindowAggregate(KeyedFunction):
         timestamp_column: str = "timestamp",
         allowed_lateness: str | int = 0,
         emit_late: bool = False,
+        late_output: str | None = None,
     ) -> None:
         for name, (_, how) in aggregates.items():
             if how not in AGGREGATES:
@@ -106,29 +135,30 @@ class WindowAggregate(KeyedFunction):
         self.aggregates = dict(aggregates)
         self.timestamp_column = timestamp_column
         self.lateness_ms = parse_duration(allowed_lateness)
-        self.emit_late = emit_late
+        self.emit_late = emit_late or late_output is not None
+        self.late_output = late_output
+        """A side output of the sink (`KafkaSink.side_outputs`) late records go to."""
         self.late_records = 0
         # one map state per aggregate, (key, window start) -> value: declared per instance,
         # as its aggregates are (KeyedFunction.state is read from the function, not its class)
         self.state = {  # type: ignore[misc]
             f"window:{n}": MapState("int64", "float64") for n in self.aggregates
         }
+        if isinstance(windows, EventTimeSessionWindows):
+            self.state[SESSION_END] = MapState("int64", "int64")
 
     # --- records ------------------------------------------------------------------------------------
 
     def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        if isinstance(self.windows, EventTimeSessionWindows):
+            return self.process_sessions(records, state, self.windows)
         key_column = state.key_column
         stamps = event_times(records[self.timestamp_column])
         rows, starts = assign(self.windows, stamps)
         ends = starts + self.windows.size_ms
         watermark = state.current_watermark
         late = ends - 1 + self.lateness_ms <= watermark
-        out: list[pd.DataFrame] = []
-        if late.any():
-            late_rows = np.unique(rows[late])
-            self.late_records += len(late_rows)
-            if self.emit_late:
-                out.append(records.iloc[late_rows].assign(late=True))
+        out = self.late(records, rows[late])
         rows, starts, ends = rows[~late], starts[~late], ends[~late]
         if not len(rows):
             return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
@@ -158,6 +188,8 @@ class WindowAggregate(KeyedFunction):
     # --- timers -------------------------------------------------------------------------------------
 
     def on_timer(self, timers: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        if isinstance(self.windows, EventTimeSessionWindows):
+            return self.sessions_fired(timers, state)
         key_column = state.key_column
         stamps = timers["timestamp"].to_numpy()
         keys = timers[key_column].to_numpy(dtype=object)
@@ -178,13 +210,38 @@ class WindowAggregate(KeyedFunction):
             self.clear(fire_index, state)
         return out
 
-    def emit(self, index: pd.MultiIndex, state: KeyedState, key_column: str) -> pd.DataFrame:
+    def late(self, records: pd.DataFrame, late_rows: np.ndarray) -> list[pd.DataFrame]:
+        """Records too late for any window of theirs: counted, and emitted with ``late`` true
+        when the function was asked to."""
+        if not len(late_rows):
+            return []
+        late_rows = np.unique(late_rows)
+        self.late_records += len(late_rows)
+        if not self.emit_late:
+            return []
+        late = records.iloc[late_rows].assign(late=True)
+        if self.late_output is not None:
+            late[SIDE_OUTPUT] = self.late_output
+        return [late]
+
+    def emit(
+        self,
+        index: pd.MultiIndex,
+        state: KeyedState,
+        key_column: str,
+        ends: np.ndarray | None = None,
+    ) -> pd.DataFrame:
+        """One row per (key, window start) of ``index``: its bounds and aggregates (``ends``:
+        the windows' ends, for sessions)."""
         starts = index.get_level_values(1).to_numpy()
+        if ends is None:
+            assert not isinstance(self.windows, EventTimeSessionWindows)
+            ends = starts + self.windows.size_ms
         out = pd.DataFrame(
             {
                 key_column: index.get_level_values(0).to_numpy(dtype=object),
                 "window_start": starts,
-                "window_end": starts + self.windows.size_ms,
+                "window_end": ends,
             }
         )
         for name, (_, how) in self.aggregates.items():
@@ -193,8 +250,152 @@ class WindowAggregate(KeyedFunction):
         return out
 
     def clear(self, index: pd.MultiIndex, state: KeyedState) -> None:
-        for name in self.aggregates:
-            state.remove_from_map(f"window:{name}", index)
+        for name in self.state:
+            state.remove_from_map(name, index)
+
+    # --- session windows ----------------------------------------------------------------------------
+
+    def process_sessions(
+        self, records: pd.DataFrame, state: KeyedState, windows: EventTimeSessionWindows
+    ) -> pd.DataFrame:
+        """The round's records merged with their keys' open sessions: a new record opens a
+        session or joins (and may bridge) those it touches; a merged session is kept under its
+        new start, its timers moved to its new end."""
+        stamps = event_times(records[self.timestamp_column])
+        keys = records[state.key_column].to_numpy(dtype=object)
+        known = state.map(SESSION_END)
+        old = pd.DataFrame(
+            {
+                "key": known.index.get_level_values(0).to_numpy(dtype=object),
+                "start": known.index.get_level_values(1).to_numpy(dtype=np.int64),
+                "end": known.to_numpy(dtype=np.int64),
+                "row": -1,
+            }
+        )
+        new = pd.DataFrame(
+            {
+                "key": keys,
+                "start": stamps,
+                "end": stamps + windows.gap_ms,
+                "row": np.arange(len(keys)),
+            }
+        )
+        both = pd.concat([old, new], ignore_index=True)
+        both["session"] = merged_sessions(both)
+        touched = both.groupby("session")["row"].transform("max").to_numpy() >= 0
+        both = both[touched]  # sessions without a new record stay as they are
+        bounds = both.groupby("session", sort=False).agg(
+            key=("key", "first"), start=("start", "min"), end=("end", "max")
+        )
+        watermark = state.current_watermark
+        late = bounds.index[(bounds["end"] - 1 + self.lateness_ms <= watermark).to_numpy()]
+        is_late = both["session"].isin(late).to_numpy()
+        out = self.late(records, both["row"].to_numpy()[is_late & (both["row"] >= 0).to_numpy()])
+        both, bounds = both[~is_late], bounds.drop(late)
+        if not len(bounds):
+            return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+        self.replace_sessions(records, state, both, bounds)
+        passed = (bounds["end"] - 1 <= watermark).to_numpy()  # within the lateness: again now
+        if passed.any():
+            fired = bounds[passed]
+            index = session_index(fired["key"], fired["start"])
+            out.append(self.emit(index, state, state.key_column, fired["end"].to_numpy()))
+        return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+    def replace_sessions(
+        self, records: pd.DataFrame, state: KeyedState, both: pd.DataFrame, bounds: pd.DataFrame
+    ) -> None:
+        """The sessions ``bounds`` in place of the open ones they merged (rows of ``both`` with
+        ``row`` -1), their aggregates over those and the new records, their timers moved."""
+        merged = both[both["row"] < 0]
+        old_index = session_index(merged["key"], merged["start"])
+        new_index = session_index(bounds["key"], bounds["start"])
+        for name, (column, how) in self.aggregates.items():
+            kept = state.map(f"window:{name}").reindex(old_index).to_numpy()
+            rows = both["row"].to_numpy()
+            fresh = rows >= 0
+            values = np.empty(len(both), dtype="float64")
+            values[~fresh] = kept
+            if column == "*":
+                values[fresh] = 1.0
+            else:
+                values[fresh] = records[column].to_numpy(dtype="float64")[rows[fresh]]
+            part = pd.Series(values).groupby(both["session"].to_numpy(), sort=False)
+            total = part.agg("sum" if how == "count" else how).reindex(bounds.index)
+            self.clear_one(f"window:{name}", old_index, state)
+            state.put_in_map(f"window:{name}", pd.Series(total.to_numpy(), index=new_index))
+        self.clear_one(SESSION_END, old_index, state)
+        state.put_in_map(SESSION_END, pd.Series(bounds["end"].to_numpy(), index=new_index))
+        self.move_timers(state, merged["key"], merged["end"], bounds)
+
+    @staticmethod
+    def clear_one(name: str, index: pd.MultiIndex, state: KeyedState) -> None:
+        if len(index):
+            state.remove_from_map(name, index)
+
+    def move_timers(
+        self, state: KeyedState, keys: pd.Series, old_ends: pd.Series, bounds: pd.DataFrame
+    ) -> None:
+        """The merged sessions' timers deleted, the new sessions' registered: at its end - 1
+        (unless the watermark passed it) and, with allowed lateness, its cleanup."""
+        old = pd.Series(old_ends.to_numpy() - 1, index=keys.to_numpy(dtype=object))
+        if len(old):
+            state.delete_event_time_timers(old)
+            if self.lateness_ms:
+                state.delete_event_time_timers(old + self.lateness_ms)
+        ends = pd.Series(bounds["end"].to_numpy() - 1, index=bounds["key"].to_numpy(dtype=object))
+        state.register_event_time_timers(ends[ends > state.current_watermark])
+        if self.lateness_ms:
+            state.register_event_time_timers(ends + self.lateness_ms)
+
+    def sessions_fired(self, timers: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        """A timer at a session's end - 1 emits it; at its end - 1 + the lateness (or at once,
+        without lateness) its state goes."""
+        known = state.map(SESSION_END)
+        sessions = pd.DataFrame(
+            {
+                "key": known.index.get_level_values(0).to_numpy(dtype=object),
+                "start": known.index.get_level_values(1).to_numpy(dtype=np.int64),
+                "end": known.to_numpy(dtype=np.int64),
+            }
+        )
+        fired = pd.DataFrame(
+            {
+                "key": timers[state.key_column].to_numpy(dtype=object),
+                "timestamp": timers["timestamp"].to_numpy(dtype=np.int64),
+            }
+        ).merge(sessions, on="key")
+        due = fired[(fired["end"] - 1 == fired["timestamp"]).to_numpy()]
+        gone = fired[(fired["end"] - 1 + self.lateness_ms == fired["timestamp"]).to_numpy()]
+        out = pd.DataFrame()
+        if len(due):
+            index = session_index(due["key"], due["start"])
+            out = self.emit(index, state, state.key_column, due["end"].to_numpy())
+        if len(gone):
+            self.clear(session_index(gone["key"], gone["start"]), state)
+        return out
+
+
+def merged_sessions(intervals: pd.DataFrame) -> np.ndarray:
+    """A session number per interval (``key``, ``start``, ``end``): a key's intervals sorted by
+    start share a session while each starts at or before the highest end before it (Flink's
+    ``TimeWindow.intersects``: touching windows merge)."""
+    order = np.lexsort((intervals["start"].to_numpy(), pd.factorize(intervals["key"])[0]))
+    ordered = intervals.iloc[order]
+    key_codes = pd.factorize(ordered["key"])[0]
+    reach = pd.Series(ordered["end"].to_numpy()).groupby(key_codes).cummax()
+    before = reach.groupby(key_codes).shift().to_numpy()
+    opens = np.isnan(before) | (ordered["start"].to_numpy() > np.nan_to_num(before))
+    session = np.empty(len(intervals), dtype=np.int64)
+    session[order] = np.cumsum(opens)
+    return session
+
+
+def session_index(keys: pd.Series, starts: pd.Series) -> pd.MultiIndex:
+    return pd.MultiIndex.from_arrays(
+        [pd.Index(keys.to_numpy(dtype=object)), pd.Index(starts.to_numpy(dtype=np.int64))],
+        names=["key", "user_key"],
+    )
 
 
 def combine(how: str, known: pd.Series, part: pd.Series) -> pd.Series:
