@@ -222,6 +222,10 @@ class KeyedState:
         """Replaces the lists of the keys in ``values``' index."""
         self._replace(name, ListState, values)
 
+    def clear_list(self, name: str, keys: pd.Index | list[Any]) -> None:
+        """Empties the lists of ``keys``."""
+        self._remove(name, ListState, keys)
+
     # map state
     def map(self, name: str) -> pd.Series:
         return self._read(name, MapState)
