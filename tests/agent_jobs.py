@@ -11,12 +11,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pandas as pd
+from pyspark.sql.streaming.stateful_processor import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
 
 from sparkpoint.agent.example import PaymentStats, example_job
 from sparkpoint.agent.job import (
@@ -172,6 +178,41 @@ class WindowCounts(KeyedFunction):
                 "id": starts.to_numpy(),
                 "value": counts.fillna(-1).astype("int64").to_numpy(),
             }
+        )
+
+
+class WindowProcessor(StatefulProcessor):
+    """`WindowCounts` written as a user writes it for Spark's transformWithStateInPandas: per
+    account, counts per 10 s window in map state, an event-time timer at each window's last
+    millisecond emitting its count. Run through `SparkProcessor`, it must commit what
+    `WindowCounts` commits."""
+
+    def __init__(self, window_ms: int = WINDOW_MS) -> None:
+        self.window_ms = window_ms
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.counts = handle.getMapState("counts", "start long", "count long")
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        for frame in rows:
+            starts = frame["ts"].astype("int64") // self.window_ms * self.window_ms
+            for start, count in starts.value_counts().items():
+                known = self.counts.getValue((int(start),))
+                self.counts.updateValue((int(start),), ((known or (0,))[0] + int(count),))
+                self.handle.registerTimer(int(start) + self.window_ms - 1)
+        return iter([])
+
+    def handleExpiredTimer(
+        self, key: Any, timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterator[pd.DataFrame]:
+        start = expiredTimerInfo.getExpiryTimeInMs() + 1 - self.window_ms
+        count = self.counts.getValue((start,))
+        self.counts.removeKey((start,))
+        yield pd.DataFrame(
+            {"kind": ["window"], "account": [key[0]], "id": [start], "value": [(count or (-1,))[0]]}
         )
 
 

@@ -26,6 +26,7 @@ from sparkpoint.agent.job import (
     KeyedFunction,
     KeyedState,
 )
+from sparkpoint.agent.processor import SparkProcessor
 from sparkpoint.agent.runtime import Agent
 from sparkpoint.agent.time.windows import (
     SlidingEventTimeWindows,
@@ -37,7 +38,7 @@ from sparkpoint.agent.time.windows import (
 from sparkpoint.cli.commands import describe_watermark, stored_watermark
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.kafka import make_producer
-from tests.agent_jobs import FAST_CHECKPOINTS, WINDOW_MS, WindowCounts
+from tests.agent_jobs import FAST_CHECKPOINTS, WINDOW_MS, WindowCounts, WindowProcessor
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_agent import (
     agent_process,
@@ -436,17 +437,25 @@ def window_job(
     )
 
 
+@pytest.mark.parametrize(
+    "spark_processor", [False, True], ids=["keyed-function", "spark-processor"]
+)
 def test_timers_fire_windows_as_the_watermark_passes_them_exactly_once(
-    coordinator: Running, spark: Any
+    coordinator: Running, spark: Any, spark_processor: bool
 ) -> None:
     """Windows by timers on a bounded input: each window's count is emitted once, when the
     watermark passes its end (most before the input ends: the final watermark fires only the
-    last ones), including the windows of accounts that send nothing after the first 5 s."""
+    last ones), including the windows of accounts that send nothing after the first 5 s. The
+    same windows written as Spark's StatefulProcessor (`WindowProcessor`, run unchanged by
+    `SparkProcessor` on Spark's executors) commit the same."""
     topic, output = unique("events"), unique("windows")
     ensure_topic(coordinator.bootstrap, topic, PARTITIONS)
     rows = window_input(3_000)
     produce_windows(coordinator.bootstrap, topic, rows)
     job = window_job(unique("windows"), topic, output, 2, slow_s=0.0)
+    if spark_processor:
+        processor = SparkProcessor(WindowProcessor(), "EventTime", event_time_column="ts")
+        job = replace(job, function=processor)
 
     status, _ = run_in_process(job, coordinator, spark)
 

@@ -26,7 +26,7 @@ import enum
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -222,7 +222,7 @@ class KeyedState:
         """Replaces the lists of the keys in ``values``' index."""
         self._replace(name, ListState, values)
 
-    def clear_list(self, name: str, keys: pd.Index | list[Any]) -> None:
+    def clear_list(self, name: str, keys: pd.Index | Sequence[Any]) -> None:
         """Empties the lists of ``keys``."""
         self._remove(name, ListState, keys)
 

@@ -202,22 +202,8 @@ def fire_every_domain(
 ) -> TimersFired:
     done = TimersFired(keys, groups)
     for domain in timer_domains(task):
-        fired = fire_timers(task, function, view, state, before, done.keys, done.groups, domain)
-        done.keys, done.groups = fired.keys, fired.groups
-        done.outputs += fired.outputs
-        done.exact[domain.label], done.lowered[domain.label] = fired.exact, fired.lowered
-        done.count += fired.count
+        fire_timers(task, function, view, state, before, done, domain)
     return done
-
-
-@dataclass
-class Fired:
-    outputs: list[pd.DataFrame] = field(default_factory=list)
-    keys: np.ndarray = field(default_factory=lambda: np.array([], dtype=object))
-    groups: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64))
-    exact: dict[int, int | None] = field(default_factory=dict)
-    lowered: dict[int, int] = field(default_factory=dict)
-    count: int = 0
 
 
 def fire_timers(
@@ -226,19 +212,17 @@ def fire_timers(
     view: StateView,
     state: KeyedState,
     before: dict[str, pd.Series],
-    keys: np.ndarray,
-    groups: np.ndarray,
+    done: TimersFired,
     domain: TimerDomain,
-) -> Fired:
+) -> None:
     """Fires the subtask's timers of one domain up to ``domain.until`` (event time: its
     watermark after the round), in timestamp order (Flink: records before a watermark first,
     then the timers it fires). The round's keys' timers are in ``state``; the other keys of the
     key groups the driver named are read from storage, and their state is added to ``state``
-    (and ``before``) when a timer of theirs fires. Returns the outputs, the keys and key groups
-    the round now covers, and what the driver's `TimerIndex` learns."""
+    (and ``before``) when a timer of theirs fires. Adds to ``done`` the outputs, the keys and
+    key groups the round now covers, and what the driver's `TimerIndex` learns."""
     watermark = domain.until
-    fired = Fired(keys=keys, groups=groups)
-    others = stored_timers(domain, view, set(keys.tolist()))
+    others = stored_timers(domain, view, set(done.keys.tolist()))
     if len(others):
         due = others[others["timestamp"] <= watermark].drop_duplicates("key")
         if len(due):
@@ -248,8 +232,8 @@ def fire_timers(
             state.add_keys(found)
             for name, series in found.items():
                 before[name] = pd.concat([before[name], series]) if len(series) else before[name]
-            fired.keys = np.concatenate([np.asarray(keys, dtype=object), new_keys])
-            fired.groups = np.concatenate([groups, new_groups])
+            done.keys = np.concatenate([np.asarray(done.keys, dtype=object), new_keys])
+            done.groups = np.concatenate([done.groups, new_groups])
             others = others[~others["key"].isin(set(new_keys.tolist()))]
     event_time = domain.label == EVENT_TIME
     pending = state.event_time_timers if event_time else state.processing_time_timers
@@ -270,13 +254,12 @@ def fire_timers(
             }
         )
         delete(due_now)
-        fired.count += len(frame)
-        fired.outputs.append(user_code(function.on_timer, frame, state))
-    earliest = earliest_timers(pending(), fired, others)
+        done.count += len(frame)
+        done.outputs.append(user_code(function.on_timer, frame, state))
+    earliest = earliest_timers(pending(), done, others)
     scanned = set(domain.groups)
-    fired.exact = {g: earliest.get(g) for g in scanned}
-    fired.lowered = {g: t for g, t in earliest.items() if g not in scanned}
-    return fired
+    done.exact[domain.label] = {g: earliest.get(g) for g in scanned}
+    done.lowered[domain.label] = {g: t for g, t in earliest.items() if g not in scanned}
 
 
 def stored_timers(domain: TimerDomain, view: StateView, have: set[object]) -> pd.DataFrame:
@@ -295,7 +278,7 @@ def stored_timers(domain: TimerDomain, view: StateView, have: set[object]) -> pd
     return pd.concat(stored, ignore_index=True) if stored else pd.DataFrame()
 
 
-def earliest_timers(pending: pd.Series, fired: Fired, others: pd.DataFrame) -> dict[int, int]:
+def earliest_timers(pending: pd.Series, fired: TimersFired, others: pd.DataFrame) -> dict[int, int]:
     """Per key group, the earliest timer still pending: of the keys the round holds
     (``pending``), and of the stored ones it did not take."""
     group_of = dict(zip(fired.keys.tolist(), fired.groups.tolist(), strict=True))

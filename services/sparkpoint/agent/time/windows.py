@@ -263,15 +263,7 @@ class WindowAggregate(KeyedFunction):
         new start, its timers moved to its new end."""
         stamps = event_times(records[self.timestamp_column])
         keys = records[state.key_column].to_numpy(dtype=object)
-        known = state.map(SESSION_END)
-        old = pd.DataFrame(
-            {
-                "key": known.index.get_level_values(0).to_numpy(dtype=object),
-                "start": known.index.get_level_values(1).to_numpy(dtype=np.int64),
-                "end": known.to_numpy(dtype=np.int64),
-                "row": -1,
-            }
-        )
+        old = open_sessions(state).assign(row=-1)
         new = pd.DataFrame(
             {
                 "key": keys,
@@ -351,14 +343,7 @@ class WindowAggregate(KeyedFunction):
     def sessions_fired(self, timers: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
         """A timer at a session's end - 1 emits it; at its end - 1 + the lateness (or at once,
         without lateness) its state goes."""
-        known = state.map(SESSION_END)
-        sessions = pd.DataFrame(
-            {
-                "key": known.index.get_level_values(0).to_numpy(dtype=object),
-                "start": known.index.get_level_values(1).to_numpy(dtype=np.int64),
-                "end": known.to_numpy(dtype=np.int64),
-            }
-        )
+        sessions = open_sessions(state)
         fired = pd.DataFrame(
             {
                 "key": timers[state.key_column].to_numpy(dtype=object),
@@ -374,6 +359,18 @@ class WindowAggregate(KeyedFunction):
         if len(gone):
             self.clear(session_index(gone["key"], gone["start"]), state)
         return out
+
+
+def open_sessions(state: KeyedState) -> pd.DataFrame:
+    """The open sessions of the keys ``state`` holds: key, start, end."""
+    known = state.map(SESSION_END)
+    return pd.DataFrame(
+        {
+            "key": known.index.get_level_values(0).to_numpy(dtype=object),
+            "start": known.index.get_level_values(1).to_numpy(dtype=np.int64),
+            "end": known.to_numpy(dtype=np.int64),
+        }
+    )
 
 
 def merged_sessions(intervals: pd.DataFrame) -> np.ndarray:
