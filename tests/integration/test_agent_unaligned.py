@@ -90,6 +90,8 @@ def latest_completed(coordinator: Running, name: str) -> dict[str, Any]:
     return max((c for c in history if c["status"] == "COMPLETED"), key=lambda c: int(c["id"]))
 
 
+@pytest.mark.chaos  # three agent processes, about 42 s: `make chaos` (a rescaled unaligned
+# restore during recovery stays in the suite)
 def test_unaligned_checkpoints_through_kills_and_rescales_2_4_1_commit_exactly_the_reference(
     coordinator: Running,
     payments_topic: str,

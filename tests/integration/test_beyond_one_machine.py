@@ -514,6 +514,8 @@ def test_local_recovery_reads_restored_state_from_this_machines_disk_and_not_aft
     assert got == expected, difference(got, expected)
 
 
+@pytest.mark.chaos  # two agent processes, about 65 s: `make chaos` (file merging's handles and
+# admission are unit-tested, and test_agent_recovery runs a job with it on)
 def test_file_merging_writes_a_checkpoints_copies_as_one_object_per_subtask_and_restores(
     coordinator: Running, bucket: str, payments_topic: str, expected: list[Output],
     monkeypatch: pytest.MonkeyPatch,
@@ -562,6 +564,8 @@ def test_file_merging_writes_a_checkpoints_copies_as_one_object_per_subtask_and_
     assert got == expected, difference(got, expected)
 
 
+@pytest.mark.chaos  # five agent processes, about 100 s: `make chaos` (a kill and a rescaled
+# restore on S3 stay in the suite)
 def test_exactly_once_on_s3_through_a_sigkill_at_each_kill_point_in_turn(
     coordinator: Running, bucket: str, payments_topic: str, expected: list[Output],
     monkeypatch: pytest.MonkeyPatch,

@@ -249,6 +249,8 @@ def expand(path: str, values: dict[str, list[str]]) -> list[str]:
     ]
 
 
+@pytest.mark.chaos  # four agent processes, about 40 s: `make chaos` (an exact job on the
+# secured broker and the demo on a secured Kafka stay in the suite)
 @pytest.mark.spark
 def test_exactly_once_through_kill_points_on_a_secured_broker(
     secured: SecureKafka, coordinator: Running
