@@ -163,6 +163,8 @@ class Rounds:
         """Timers stage 2 fired, over every attempt."""
         self.firing_seconds = 0.0
         """Wall time of the rounds that fired timers, submission to collection."""
+        self.firing_spans: list[tuple[int, int]] = []
+        """Those rounds' spans, ms since the epoch (what a benchmark sets checkpoints beside)."""
         self.submitted = 0.0
 
     def in_flight(self) -> list[Future[Any]]:
@@ -392,6 +394,8 @@ class Rounds:
         self.processed_rows += sum(s.rows for segments in taken.values() for s in segments)
         if any(r.timers_fired for r in processing.result()):
             self.firing_seconds += now - self.submitted
+            ended_ms = int(time.time() * 1000)
+            self.firing_spans.append((ended_ms - int((now - self.submitted) * 1000), ended_ms))
         if self.settings.source.watermark_strategy is not None:
             source_watermark = self.progress.source_watermark
             self.progress.watermarked(source_watermark, [c.watermark for c in channels])
