@@ -29,6 +29,8 @@ What differs from Spark:
   source has one.
 - TTL follows Spark's meaning (a write resets an entry's expiry; an expired entry is never
   returned), in processing time.
+- ``deleteIfExists`` clears the variable of the key being processed: a keyed function here sees
+  the keys of its round only, where Spark purges the variable for every key.
 - ``handleInitialState`` is not called: an initial state is not supported yet.
 """
 
@@ -317,6 +319,7 @@ class ProcessorHandle(StatefulProcessorHandle):
         return iter(sorted(self.timers.get(self.round.key, set())))
 
     def deleteIfExists(self, stateName: str) -> None:
+        """Clears ``stateName`` for the current key (Spark purges it for every key)."""
         if stateName in self.kinds:
             self.round.put(stateName, None)
 
