@@ -106,26 +106,18 @@ class RewindingConsumer(aiokafka_driver.Consumer):
     where it is when its committed offset is missing or 0, so a service started (or killed and
     restarted) before its first commit lost those records for good: seen as a restarted
     service that never folded a job, or missed one of its events
-    (``test_aiokafka_does_not_go_back_to_an_offset_of_0_or_none``)."""
+    (``test_aiokafka_does_not_go_back_to_an_offset_of_0_or_none``).
 
-    async def perform_seek(self) -> None:  # DIAG
-        import sys, time as _t
-        print(f"DIAG {_t.monotonic():.4f} perform_seek start flow={self.flow_active}", file=sys.stderr, flush=True)
+    It also stops the flow before it seeks. The end of table recovery resumes the source
+    partitions and seeks them while the flow still runs (recovery turned it on to read the
+    changelog): a batch fetched from the old position goes on being delivered during and after
+    the seek, moving faust's read offsets past the new position, and the agent's queue is then
+    cleared (``flow_control.resume``): a record still queued was dropped and never read again,
+    seen as a restarted service missing an event of a job that ran while it was down."""
+
+    async def perform_seek(self) -> None:
+        self.stop_flow()  # every caller resumes the flow once the seek is done
         await super().perform_seek()
-        ro = {f"{t.topic[-12:]}:{t.partition}": o for t, o in self._read_offset.items()}
-        print(f"DIAG {_t.monotonic():.4f} perform_seek end read_offset={ro}", file=sys.stderr, flush=True)
-
-    def resume_flow(self) -> None:  # DIAG
-        import sys, time as _t
-        print(f"DIAG {_t.monotonic():.4f} resume_flow", file=sys.stderr, flush=True)
-        super().resume_flow()
-
-    async def getmany(self, timeout: float):  # DIAG
-        import sys, time as _t
-        async for tp, message in super().getmany(timeout):
-            if not self._is_changelog_tp(tp):
-                print(f"DIAG {_t.monotonic():.4f} deliver {tp.topic[-12:]}:{tp.partition}@{message.offset} r_off={self._read_offset[tp]}", file=sys.stderr, flush=True)
-            yield tp, message
 
     async def seek_to_committed(self) -> Mapping[Any, int]:
         committed = await super().seek_to_committed()
@@ -202,20 +194,6 @@ def faust_settings(settings: HistorySettings, partitions: int) -> dict[str, Any]
 
 def create_app(settings: HistorySettings, partitions: int) -> faust.App:
     app = HistoryApp(settings.group, **faust_settings(settings, partitions))
-    _fc = app.flow_control  # DIAG
-    _orig_resume = _fc.resume
-
-    def _resume() -> None:  # DIAG
-        import sys, time as _t
-        held = []
-        for q in list(_fc._queues):
-            for item in list(q._queue):
-                m = getattr(item, "message", None)
-                held.append(f"{m.topic[-12:]}:{m.partition}@{m.offset}" if m is not None else repr(type(item)))
-        print(f"DIAG {_t.monotonic():.4f} flow_control.resume clears {held}", file=sys.stderr, flush=True)
-        _orig_resume()
-
-    _fc.resume = _resume  # type: ignore[method-assign]
     codec = EventCodec()
     source = app.topic(
         *(s.name() for s in SOURCES),
@@ -252,8 +230,6 @@ def create_app(settings: HistorySettings, partitions: int) -> faust.App:
                     stored = jobs.get(job_id.encode())
                     doc = stored if stored is not None else model.new_job(job_id)
                     touched[job_id] = doc
-                import sys, time as _t  # DIAG
-                print(f"DIAG {_t.monotonic():.4f} fold {where[0][-12:]}:{where[1]}@{where[2]} {type(decoded).__name__} applied={doc['applied']}", file=sys.stderr, flush=True)
                 if model.apply(doc, decoded, *where, settings.checkpoint_history):
                     stats["folded"] += 1
                     changed.add(job_id)
