@@ -36,7 +36,7 @@ import pandas as pd
 
 from sparkpoint.agent.formats import JsonValues, ValueFormat
 from sparkpoint.agent.time.strategy import MIN_WATERMARK, WatermarkStrategy
-from sparkpoint.agent.time.ttl import TTL_PREFIX, StateTtlConfig, ttl_state_name
+from sparkpoint.agent.time.ttl import StateTtlConfig, ttl_state_name
 from sparkpoint.common.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 from sparkpoint.common.limits import JOB_ID_PATTERN
 from sparkpoint.common.options import parse_duration
@@ -142,11 +142,11 @@ class KeyedState:
         if ttl is not None and len(self._series[name]):
             stamps_name = ttl_state_name(name)
             if not ttl.returns_expired:
-                stamps = self._series[stamps_name]
-                live = stamps.to_numpy() + ttl.ttl_ms > self.current_processing_time
+                stamps = self._series[stamps_name].to_numpy()
+                live = stamps + ttl.ttl_ms > self.current_processing_time
                 if not live.all():
                     self._set(name, self._series[name][live])
-                    self._set(stamps_name, stamps[live])
+                    self._follow(name, kept=live)
             if ttl.refreshed_on_read and len(self._series[name]):
                 self._set(stamps_name, self._now(self._series[name].index))
         return self._series[name]
@@ -157,18 +157,30 @@ class KeyedState:
         current = self._series[name]
         kept = ~current.index.isin(values.index)
         self._set(name, pd.concat([current[kept], values.astype(descriptor.dtype)]))
-        if name in self.ttls:
-            stamps = self._series[ttl_state_name(name)]
-            self._set(ttl_state_name(name), pd.concat([stamps[kept], self._now(values.index)]))
+        self._follow(name, kept=kept, added=values.index)
 
     def _remove(self, name: str, kind: type, index: pd.Index | list[Any]) -> None:
         self._check(name, kind)
         current = self._series[name]
         kept = ~current.index.isin(index)
         self._set(name, current[kept])
-        if name in self.ttls:
-            stamps_name = ttl_state_name(name)
-            self._set(stamps_name, self._series[stamps_name][kept])
+        self._follow(name, kept=kept)
+
+    def _follow(
+        self, name: str, kept: np.ndarray | None = None, added: pd.Index | None = None
+    ) -> None:
+        """``name``'s TTL timestamps after the change just made to it, entry for entry: those
+        of the entries ``kept`` (a mask over the entries before; None: all), then ``added``
+        entries, written now. Nothing for a state without a TTL."""
+        if name not in self.ttls:
+            return
+        stamps_name = ttl_state_name(name)
+        stamps = self._series[stamps_name]
+        if kept is not None:
+            stamps = stamps[kept]
+        if added is not None:
+            stamps = pd.concat([stamps, self._now(added)])
+        self._set(stamps_name, stamps)
 
     def _now(self, index: pd.Index) -> pd.Series:
         """Timestamps of now for the entries of ``index``."""
@@ -214,9 +226,7 @@ class KeyedState:
         """Appends ``values`` (indexed by key, in order) to the lists of their keys."""
         descriptor = self._check(name, ListState)
         self._set(name, pd.concat([self._series[name], values.astype(descriptor.dtype)]))
-        if name in self.ttls:
-            stamps_name = ttl_state_name(name)
-            self._set(stamps_name, pd.concat([self._series[stamps_name], self._now(values.index)]))
+        self._follow(name, added=values.index)
 
     def set_list(self, name: str, values: pd.Series) -> None:
         """Replaces the lists of the keys in ``values``' index."""
@@ -374,7 +384,7 @@ def with_ttl_companions(declared: Mapping[str, StateDescriptor]) -> dict[str, St
     timestamps (`sparkpoint.agent.time.ttl`): the same kind, int64 milliseconds."""
     found: dict[str, StateDescriptor] = dict(declared)
     for name, descriptor in declared.items():
-        if descriptor.ttl is None or name.startswith(TTL_PREFIX):
+        if descriptor.ttl is None:
             continue
         stamps: StateDescriptor
         if isinstance(descriptor, MapState):
