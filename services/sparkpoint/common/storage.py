@@ -240,9 +240,12 @@ def by_bucket(keys: Iterable[str]) -> dict[str, list[str]]:
     return buckets
 
 
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    return tuple(fs.protocol) if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+
+
 def is_object_store(fs: fsspec.AbstractFileSystem) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
-    return any(p in OBJECT_STORES for p in protocols)
+    return any(p in OBJECT_STORES for p in _protocols(fs))
 
 
 def put_whole(fs: fsspec.AbstractFileSystem, target: str, data: bytes) -> None:
@@ -254,7 +257,7 @@ def put_whole(fs: fsspec.AbstractFileSystem, target: str, data: bytes) -> None:
     the bytes, and a crash between them leaves both). On a file system it is a hidden temporary
     file in the same directory, renamed into place."""
     directory = posixpath.dirname(target)
-    if is_object_store(fs):
+    if is_object_store(fs) or "memory" in _protocols(fs):  # memory: a dict entry set at once
         fs.pipe_file(target, data)
         return
     fs.makedirs(directory, exist_ok=True)

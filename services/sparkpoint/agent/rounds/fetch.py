@@ -275,19 +275,12 @@ def partition(
     if len(frame):
         frame = user_code(map_function, frame)
     if len(frame):
-        if task.key not in frame.columns:
-            raise KeyError(
-                f"key column {task.key!r} is not in the records after map (columns: {list(frame.columns)})"
-            )
-        groups = key_groups(frame[task.key].to_numpy(), task.max_parallelism)
-        subtasks = operator_indexes(task.max_parallelism, task.parallelism, groups)
-        frame = frame.assign(**{KEY_GROUP_COLUMN: groups})
         written: dict[str, bytes] = {}
-        for subtask, part in frame.groupby(subtasks, sort=True):
-            data = to_ipc(part.reset_index(drop=True))
-            name = segment_name(task, int(subtask))
+        for subtask, part in by_subtask(frame, task.key, task.max_parallelism, task.parallelism):
+            data = to_ipc(part)
+            name = segment_name(task, subtask)
             written[f"{task.channel_dir}/{name}"] = data
-            segments.append((int(subtask), name, len(part), len(data)))
+            segments.append((subtask, name, len(part), len(data)))
         # written whole (renamed into place on local disk): a checkpoint may hard-link them
         write_files(written)
     return FetchResult(
@@ -301,6 +294,24 @@ def partition(
         capped=early,
         highest_event_time=highest,
     )
+
+
+def by_subtask(
+    frame: pd.DataFrame, key: str, max_parallelism: int, parallelism: int
+) -> list[tuple[int, pd.DataFrame]]:
+    """Mapped records keyed: each row's key group in `KEY_GROUP_COLUMN`, split by the subtask
+    that owns it (in subtask order, each part in the records' order)."""
+    if key not in frame.columns:
+        raise KeyError(
+            f"key column {key!r} is not in the records after map (columns: {list(frame.columns)})"
+        )
+    groups = key_groups(frame[key].to_numpy(), max_parallelism)
+    subtasks = operator_indexes(max_parallelism, parallelism, groups)
+    frame = frame.assign(**{KEY_GROUP_COLUMN: groups})
+    return [
+        (int(subtask), part.reset_index(drop=True))
+        for subtask, part in frame.groupby(subtasks, sort=True)
+    ]
 
 
 def kept_timestamps(read: PartitionRead, malformed: list[tuple[int, str]]) -> list[int]:
