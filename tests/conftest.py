@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+collect_ignore = ["user_project"]
+"""A user's project with tests of its own: tests/e2e/test_wheel.py runs them where only the
+built wheel is installed."""
+
 FOLDER_MARKERS = {"unit": "unit", "integration": "integration", "e2e": "e2e"}
 
 EMBEDDED = "embedded"

@@ -27,6 +27,7 @@ _EXPORTS = {
     "ValueState": "sparkpoint.agent.job",
     "ListState": "sparkpoint.agent.job",
     "MapState": "sparkpoint.agent.job",
+    "StateDescriptor": "sparkpoint.agent.job",
     "load_job": "sparkpoint.agent.job",
     "JsonValues": "sparkpoint.agent.formats",
     "AvroValues": "sparkpoint.agent.formats",
@@ -56,6 +57,7 @@ __all__ = [
     "ListState",
     "MapState",
     "RawValues",
+    "StateDescriptor",
     "StateTtlConfig",
     "StringValues",
     "ValueState",
@@ -82,6 +84,7 @@ if TYPE_CHECKING:
         KeyedState,
         ListState,
         MapState,
+        StateDescriptor,
         ValueState,
         load_job,
     )

@@ -10,6 +10,8 @@ this checkout's environment through a path file, which adds that site-packages d
 
 from __future__ import annotations
 
+import os
+import shutil
 import site
 import subprocess
 import sys
@@ -90,3 +92,30 @@ def test_installed_the_sparkpoint_command_runs(installed: Path, tmp_path: Path) 
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "usage: sparkpoint" in result.stdout and "coordinator" in result.stdout
+
+
+def test_a_users_project_tests_its_job_with_the_plugin_of_the_installed_wheel(
+    installed: Path, tmp_path: Path
+) -> None:
+    """tests/user_project, copied out of the repository, runs its own tests with the wheel's
+    pytest plugin (found through its ``pytest11`` entry point, nothing configured): the
+    harness, a kill and a rescaled resume, live input through a coordinator failover."""
+    project = tmp_path / "card-spend"
+    shutil.copytree(ROOT / "tests" / "user_project", project)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKPOINT_", "PYTHONPATH"))}
+    result = subprocess.run(
+        [str(installed / "python"), "-m", "pytest", "-p", "no:cacheprovider", "-v", "-x"],
+        capture_output=True, text=True, cwd=project, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    output = result.stdout[-4000:] + result.stderr[-2000:]
+    assert result.returncode == 0, output
+    assert "3 passed" in result.stdout, output
+    assert (
+        "plugins:" in result.stdout
+        and "sparkpoint" in result.stdout.split("plugins:")[1].splitlines()[0]
+    ), output
+    plugin = subprocess.run(
+        [str(installed / "python"), "-c", "import sparkpoint.testing.plugin as p; print(p.__file__)"],
+        capture_output=True, text=True, cwd=project, env=env, timeout=120, check=True,
+    )  # fmt: skip
+    assert str(installed.parent) in plugin.stdout  # the wheel's plugin, not this checkout's
