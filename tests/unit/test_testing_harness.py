@@ -21,9 +21,10 @@ from sparkpoint.agent.job import (
     StateDescriptor,
     ValueState,
 )
+from sparkpoint.agent.processor import SparkProcessor
 from sparkpoint.agent.time.ttl import StateTtlConfig
 from sparkpoint.testing import KeyedFunctionHarness
-from tests.agent_jobs import WindowCounts
+from tests.agent_jobs import WindowCounts, WindowProcessor
 
 Row = tuple[str, str, int, int]
 
@@ -143,3 +144,15 @@ def test_of_job_takes_the_jobs_keyed_stage() -> None:
     assert (harness.parallelism, harness.max_parallelism, harness.key) == (3, 64, "account")
     assert [(r.start, r.end) for r in harness.ranges] == [(0, 21), (22, 42), (43, 63)]
     harness.close()
+
+
+def test_a_spark_stateful_processor_runs_in_the_harness_as_in_a_job() -> None:
+    def function() -> SparkProcessor:
+        return SparkProcessor(WindowProcessor(), "EventTime", event_time_column="ts")
+
+    with KeyedFunctionHarness(function(), "account", parallelism=2) as harness:
+        harness.process([{"account": "a", "ts": 1_000}, {"account": "b", "ts": 15_000}])
+        assert rows_of(harness.process_watermark(10_000)) == [("window", "a", 0, 1)]
+        snapshot = harness.snapshot()
+    with KeyedFunctionHarness.restore(snapshot, function(), "account", parallelism=3) as after:
+        assert rows_of(after.process_watermark(30_000)) == [("window", "b", 10_000, 1)]

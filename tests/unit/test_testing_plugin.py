@@ -118,3 +118,14 @@ def test_without_docker_the_coordinator_is_a_process_and_the_containers_command_
     assert command[:2] == ["sparkpoint", "coordinator"]
     assert command[command.index("--rest-port") + 1] == str(container.port)
     assert command[command.index("--config") + 1] == str(tmp_path / "coordinator.yaml")
+
+
+def test_live_input_needs_an_unbounded_source(tmp_path: Path) -> None:
+    from sparkpoint.testing.cluster import JobRunner, Kafka
+
+    runner = JobRunner(
+        Kafka("127.0.0.1:1", "embedded"), CoordinatorProcess("127.0.0.1:1", tmp_path), tmp_path
+    )
+    bounded = example_job("live", "payments", "stats", bounded=True)
+    with pytest.raises(ValueError, match="bounded"):
+        runner.run(bounded, [{"id": 1}], rate=100)

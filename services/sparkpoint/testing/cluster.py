@@ -256,6 +256,11 @@ class JobRunner:
         input) instead of all before it starts. ``faults`` are injected in order: each agent
         kill ends a run, the next resumes from the latest checkpoint."""
         job = load_job(job) if isinstance(job, str) else job
+        if rate is not None and is_bounded(job):
+            raise ValueError(
+                "rate= produces the input while the job runs, but the job's source is bounded "
+                "(it reads up to the end it finds at start): use an unbounded source for live input"
+            )
         tag = uuid.uuid4().hex[:8]
         job, renamed = unique(job, tag, self.work / tag)
         directory = self.work / job.id
