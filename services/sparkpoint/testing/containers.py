@@ -49,21 +49,12 @@ class SparkpointContainer(CoordinatorProcess):
         from testcontainers.core.container import DockerContainer
         from testcontainers.core.image import DockerImage
 
-        from sparkpoint.common.kafka import make_admin
-        from sparkpoint.common.topics import create_topics
-
         if self.build_context is not None and self.starts == 0:
             DockerImage(
                 path=self.build_context, tag=self.image, dockerfile_path="deploy/Dockerfile",
                 clean_up=False,
             ).build()  # fmt: skip
-        self.root.mkdir(parents=True, exist_ok=True)
-        create_topics(make_admin(self.bootstrap), partitions=2)
-        self.config.write_text(
-            f"execution.checkpointing.dir: {self.checkpoint_dir}\n"
-            f"execution.checkpointing.savepoint-dir: {self.root / 'savepoints'}\n"
-        )
-        self.starts += 1
+        self.prepare()
         prefix = os.environ.get("SPARKPOINT_TOPIC_PREFIX")
         container = (
             DockerContainer(self.image)
