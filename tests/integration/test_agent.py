@@ -357,7 +357,11 @@ def test_at_least_once_sinks_publish_every_record_without_transactions(
 
 
 # kills after a completed checkpoint: the rescale test below; mid-batch: the S3 test of
-# test_beyond_one_machine.py; every kill point: the campaigns of bench/chaos.py (`make chaos`)
+# test_beyond_one_machine.py; every kill point: the campaigns of bench/chaos.py (`make chaos`).
+# This one (30 s) runs in `make chaos`: a kill at after-ack and a restore from latest also run
+# in `make test` from a user's project (tests/user_project, through sparkpoint.testing) and in
+# test_initial_state.py
+@pytest.mark.chaos
 def test_a_killed_agent_restored_from_latest_commits_exactly_the_reference(
     coordinator: Running, payments_topic: str, expected: list[Output]
 ) -> None:

@@ -421,6 +421,10 @@ def exactly_once_through(coordinator: Running, name: str, points: tuple[str, ...
     return err
 
 
+# a campaign of kill points (75 s): `make chaos`; live input through a failure also runs in
+# `make test`, from a user's project (tests/user_project: a coordinator killed while a producer
+# writes) and through the agent's own kill points at fixed input (test_agent.py)
 @pytest.mark.spark
+@pytest.mark.chaos
 def test_exactly_once_through_kill_points_while_a_producer_writes(coordinator: Running) -> None:
     exactly_once_through(coordinator, unique("killed-live"), KILL_POINTS)

@@ -6,11 +6,17 @@ timers by hand."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
 
 import pandas as pd
 import pytest
+from pyspark.sql.streaming.stateful_processor import (
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+from pyspark.sql.streaming.tws_tester import TwsTester
 
 from sparkpoint.agent.example import PaymentStats, example_job, payments, positive, reference_output
 from sparkpoint.agent.job import (
@@ -156,3 +162,58 @@ def test_a_spark_stateful_processor_runs_in_the_harness_as_in_a_job() -> None:
         snapshot = harness.snapshot()
     with KeyedFunctionHarness.restore(snapshot, function(), "account", parallelism=3) as after:
         assert rows_of(after.process_watermark(30_000)) == [("window", "b", 10_000, 1)]
+
+
+class Balances(StatefulProcessor):
+    """An account's balance: its initial state's ``balance``, then each round's amounts added;
+    the balance written for each round an account has records in."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.balance = handle.getValueState("balance", "balance long")
+
+    def handleInitialState(
+        self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues
+    ) -> None:
+        self.balance.update((int(initialState["balance"].sum()),))
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        total = (self.balance.get() or (0,))[0]
+        for frame in rows:
+            total += int(frame["amount"].sum())
+        self.balance.update((total,))
+        yield pd.DataFrame({"account": [key[0]], "balance": [total]})
+
+
+def test_a_spark_processors_initial_state_is_applied_once_as_twstester_applies_it() -> None:
+    initial = pd.DataFrame({"account": ["a", "b", "c"], "balance": [100, 7, 50]})
+    rounds = [
+        [{"account": "a", "amount": 5}, {"account": "b", "amount": 1}],
+        [{"account": "a", "amount": 2}, {"account": "d", "amount": 9}],
+        [{"account": "c", "amount": 3}, {"account": "a", "amount": 1}],
+    ]
+    tester = TwsTester(
+        Balances(), initialStatePandas=[(k, g) for k, g in initial.groupby("account")]
+    )
+    expected = []
+    for records in rounds:
+        frame = pd.DataFrame(records)
+        for key, rows in frame.groupby("account", sort=False):
+            out = tester.testInPandas(key, rows.reset_index(drop=True))
+            expected += list(zip(out["account"], out["balance"].astype(int), strict=True))
+
+    def function() -> SparkProcessor:
+        return SparkProcessor(Balances(), initial_state=initial)
+
+    with KeyedFunctionHarness(function(), "account", parallelism=2) as first:
+        first.process(rounds[0])
+        first.process(rounds[1])
+        snapshot = first.snapshot()
+        got = list(first.output.itertuples(index=False, name=None))
+    # restored with the same job (so the same initial state): it is not applied again
+    with KeyedFunctionHarness.restore(snapshot, function(), "account", parallelism=3) as after:
+        after.process(rounds[2])
+        got += list(after.output.itertuples(index=False, name=None))
+    assert sorted((a, int(b)) for a, b in got) == sorted(expected)
+    assert ("a", 108) in got and ("c", 53) in got  # 100 + 5 + 2 + 1, 50 + 3

@@ -30,6 +30,7 @@ from sparkpoint.agent.recovery.filter_jobs import adopt
 from sparkpoint.agent.recovery.restore import Restored, load, resolve_latest
 from sparkpoint.agent.recovery.split import ChannelRecovery
 from sparkpoint.agent.rounds.channels import Channel, Segment, SegmentFiles
+from sparkpoint.agent.rounds.initial import initial_state
 from sparkpoint.agent.sinks import EpochCommitter, SinkWriter
 from sparkpoint.agent.sinks.ledger import EpochLedger
 from sparkpoint.agent.sources.files import FileSourceReader
@@ -128,7 +129,13 @@ class AttemptMaker:
                 self.config.unaligned_during_recovery, self.options.capacity_bytes,
             )  # fmt: skip
         ledger = EpochLedger(self.job.id, sink, committer)
-        parts = AttemptParts(channels, restoring, backend, source, ledger)
+        initial = None
+        if restored is None:  # a fresh start: the job's initial state, if it has one
+            initial = initial_state(
+                self.job.function, self.job.key, self.ranges[-1].end + 1, parallelism,
+                self.places.channel_dir,
+            )  # fmt: skip
+        parts = AttemptParts(channels, restoring, backend, source, ledger, initial)
         acks = Acknowledgements(
             self.publisher, self.job.id, self.agent_id, self.attempt, self.subtasks,
             self.outcomes.declined,

@@ -374,6 +374,23 @@ class KeyedFunction:
         registering it again makes a new one."""
         return pd.DataFrame()
 
+    def initial_state(self) -> pd.DataFrame | None:
+        """Rows (with the key column) to start a job's state from: handed to
+        `on_initial_state` in the first round of a fresh start, never after a restore (Spark's
+        ``initialState`` of ``transformWithStateInPandas``). Read once on the driver when the
+        job starts. None: no initial state."""
+        return None
+
+    def on_initial_state(self, rows: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        """A subtask's share of `initial_state`'s rows, with the `KeyedState` of their keys,
+        before the first round's records; returns the records to emit. No checkpoint completes
+        before every subtask ran it, so a restore always finds it applied."""
+        return pd.DataFrame()
+
+
+def has_initial_state_hook(function: KeyedFunction) -> bool:
+    return type(function).on_initial_state is not KeyedFunction.on_initial_state
+
 
 def has_timers(function: KeyedFunction) -> bool:
     return type(function).on_timer is not KeyedFunction.on_timer

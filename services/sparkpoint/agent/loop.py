@@ -151,7 +151,7 @@ class JobLoop:
         parts = self.parts
         return self.stages.start(
             parts.channels, parts.backend, self.emit, parts.source,
-            parts.restoring.holds_input(), end_of_input,
+            parts.restoring.holds_input(), end_of_input, parts.initial,
         )  # fmt: skip
 
     def recover_channels(self) -> bool:

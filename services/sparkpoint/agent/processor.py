@@ -31,7 +31,10 @@ What differs from Spark:
   returned), in processing time.
 - ``deleteIfExists`` clears the variable of the key being processed: a keyed function here sees
   the keys of its round only, where Spark purges the variable for every key.
-- ``handleInitialState`` is not called: an initial state is not supported yet.
+- ``initial_state=`` (rows with the job's key column) is handed to ``handleInitialState`` key by
+  key in the first round of a fresh start, as Spark hands ``initialState`` to the first batch;
+  a restore does not hand it again (the state it made is in every checkpoint: none completes
+  before it was applied). The rows travel inside the function to every task.
 """
 
 from __future__ import annotations
@@ -332,7 +335,11 @@ class SparkProcessor(KeyedFunction):
         processor: StatefulProcessor,
         time_mode: str = "None",
         event_time_column: str | None = None,
+        initial_state: pd.DataFrame | None = None,
     ) -> None:
+        """``initial_state``: rows with the job's key column, each key's rows handed to the
+        processor's ``handleInitialState`` in the first round of a fresh start (Spark's
+        ``initialState``, grouped by the same key)."""
         mode = time_mode.lower()
         if mode not in TIME_MODES:
             raise ValueError(f"time_mode {time_mode!r}: one of None, ProcessingTime, EventTime")
@@ -341,11 +348,15 @@ class SparkProcessor(KeyedFunction):
         self.processor = processor
         self.time_mode = mode
         self.event_time_column = event_time_column
+        self._initial_rows = initial_state
         self.late_rows = 0
         handle = ProcessorHandle(mode)
         processor.init(handle)  # the state variables it declares
         self.kinds = dict(handle.kinds)
         self.state = dict(handle.declared)  # type: ignore[misc]
+
+    def initial_state(self) -> pd.DataFrame | None:
+        return self._initial_rows
 
     # --- a task's part ----------------------------------------------------------------------------
 
@@ -414,6 +425,19 @@ class SparkProcessor(KeyedFunction):
         finally:
             self._close(handle, state)
         return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+    def on_initial_state(self, rows: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        """Each key's initial rows to ``handleInitialState`` (which emits nothing, as in
+        Spark), before the round's records."""
+        handle = self._open(state)
+        values = self._timer_values(state, state.current_watermark)
+        try:
+            for key, part in rows.groupby(state.key_column, sort=False):
+                handle.round.key = key
+                self.processor.handleInitialState((key,), part.reset_index(drop=True), values)
+        finally:
+            self._close(handle, state)
+        return pd.DataFrame()
 
     def on_timer(self, timers: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
         handle = self._open(state)

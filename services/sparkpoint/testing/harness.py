@@ -30,6 +30,7 @@ from sparkpoint.agent.job import (
     KeyedFunction,
     MapFunction,
     declared_state,
+    has_initial_state_hook,
     identity,
 )
 from sparkpoint.agent.rounds.fetch import by_subtask
@@ -93,6 +94,8 @@ class KeyedFunctionHarness:
     _watermarks: list[int] = field(init=False, default_factory=list)
     _outputs: list[pd.DataFrame] = field(init=False, default_factory=list)
     _rounds: int = field(init=False, default=0)
+    _initial: dict[int, pd.DataFrame] = field(init=False, default_factory=dict)
+    """The function's initial state per subtask, until the first round hands it over."""
 
     def __post_init__(self) -> None:
         self._root = f"memory://sparkpoint-harness-{uuid.uuid4().hex}"
@@ -101,6 +104,10 @@ class KeyedFunctionHarness:
         )
         self._watermarks = [MIN_WATERMARK] * self.parallelism
         key_group_range(self.max_parallelism, self.parallelism, 0)  # checks both
+        initial = self.function.initial_state() if has_initial_state_hook(self.function) else None
+        if initial is not None and len(initial):  # a fresh start: the first round applies it
+            parts = by_subtask(initial.reset_index(drop=True), self.key, self.max_parallelism, self.parallelism)  # fmt: skip
+            self._initial = dict(parts)
 
     @classmethod
     def of_job(cls, job: Job, parallelism: int | None = None) -> KeyedFunctionHarness:
@@ -258,6 +265,7 @@ class KeyedFunctionHarness:
             path = f"{harness._root}/restored/{name}"
             write_file(path, data)
             restored.append(restored_file(path, len(data), first, last))
+        harness._initial = {}  # a restore never applies the initial state again
         backend = harness._backend
         backend.restore(restored, shared=False, now=harness._now_s)
         groups = {g for f in restored for g in range(f.first, f.last + 1)}
@@ -297,44 +305,51 @@ class KeyedFunctionHarness:
     def _round(
         self, parts: Mapping[int, list[pd.DataFrame]], end_of_input: bool = False
     ) -> pd.DataFrame:
-        """The subtasks with records, with due timers, or (end of input) all of them, each run
-        as the agent runs a stage-2 part; what they wrote joins the books."""
-        backend = self._backend
+        """The subtasks with records, with due timers, with a share of the initial state or
+        (end of input) all of them, each run as the agent runs a stage-2 part."""
         self._rounds += 1
-        seq = backend.seq(self._rounds)
-        emitted: list[pd.DataFrame] = []
-        for i, groups in enumerate(self.ranges):
-            event = backend.timers.due(groups, self._watermarks[i])
-            processing = backend.processing_timers.due(groups, self.processing_time)
-            if i not in parts and not event and not processing and not end_of_input:
-                continue
-            segments = []
-            for n, part in enumerate(parts.get(i, [])):
-                name = f"r{self._rounds:08d}-s{i:04d}-{n}.arrow"
-                write_file(f"{self._root}/channel/{name}", to_ipc(part))
-                segments.append(name)
-            asked = backend.subtask_state(groups, seq, i, self._now_s)
-            task = ProcessTask(
-                i, f"{self._root}/channel", segments, asked, backend.run_path(seq, i),
-                f"{self._root}/out/r{self._rounds:08d}-s{i:04d}.arrow", end_of_input,
-                None, self.key, None, self._watermarks[i], self._watermarks[i], event,
-                self.processing_time, processing,
-            )  # fmt: skip
-            result = process_subtask(task, self.function)
-            backend.install(asked, result.written, seq, self._now_s)
-            backend.timers.update(
-                result.timers_exact.get("EVENT_TIME", {}),
-                result.timers_lowered.get("EVENT_TIME", {}),
-            )
-            backend.processing_timers.update(
-                result.timers_exact.get("PROCESSING_TIME", {}),
-                result.timers_lowered.get("PROCESSING_TIME", {}),
-            )
-            if result.output_path is not None:
-                emitted.append(from_ipc(result.output_path))
+        emitted = [
+            out
+            for i in range(self.parallelism)
+            if (out := self._subtask_round(i, parts.get(i, []), end_of_input)) is not None
+        ]
         out = pd.concat(emitted, ignore_index=True) if emitted else pd.DataFrame()
         self._outputs.append(out)
         return out
+
+    def _subtask_round(
+        self, i: int, parts: list[pd.DataFrame], end_of_input: bool
+    ) -> pd.DataFrame | None:
+        """Subtask ``i``'s part of the round (None: it has nothing to do); what it wrote joins
+        the books, as `Rounds.collect_process` installs it."""
+        backend, groups = self._backend, self.ranges[i]
+        seq = backend.seq(self._rounds)
+        event = backend.timers.due(groups, self._watermarks[i])
+        processing = backend.processing_timers.due(groups, self.processing_time)
+        initial = self._initial.pop(i, None)
+        if not (parts or event or processing or end_of_input or initial is not None):
+            return None
+        segments = []
+        for n, part in enumerate(parts):
+            name = f"r{self._rounds:08d}-s{i:04d}-{n}.arrow"
+            write_file(f"{self._root}/channel/{name}", to_ipc(part))
+            segments.append(name)
+        initial_path = None
+        if initial is not None:
+            initial_path = f"{self._root}/initial/s{i:04d}.arrow"
+            write_file(initial_path, to_ipc(initial))
+        asked = backend.subtask_state(groups, seq, i, self._now_s)
+        task = ProcessTask(
+            i, f"{self._root}/channel", segments, asked, backend.run_path(seq, i),
+            f"{self._root}/out/r{self._rounds:08d}-s{i:04d}.arrow", end_of_input,
+            None, self.key, None, self._watermarks[i], self._watermarks[i], event,
+            self.processing_time, processing, initial_path,
+        )  # fmt: skip
+        result = process_subtask(task, self.function)
+        backend.install(asked, result.written, seq, self._now_s)
+        for label, index in (("EVENT_TIME", backend.timers), ("PROCESSING_TIME", backend.processing_timers)):  # fmt: skip
+            index.update(result.timers_exact.get(label, {}), result.timers_lowered.get(label, {}))
+        return from_ipc(result.output_path) if result.output_path is not None else None
 
     def _everything(self) -> dict[str, pd.Series]:
         """Every key's state, all subtasks together."""

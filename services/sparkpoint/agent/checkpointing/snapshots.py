@@ -47,6 +47,7 @@ from sparkpoint.agent.rounds.channels import (
     SegmentFiles,
     event_times_before,
 )
+from sparkpoint.agent.rounds.initial import InitialState
 from sparkpoint.agent.sinks.ledger import EpochLedger
 from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
@@ -107,6 +108,8 @@ class AttemptParts:
     backend: StateBackend
     source: KafkaSourceReader | FileSourceReader
     ledger: EpochLedger
+    initial: InitialState | None = None
+    """A fresh start's initial state, until its round is collected (`rounds.initial`)."""
 
 
 class SubtaskCheckpointer:
@@ -149,7 +152,9 @@ class SubtaskCheckpointer:
         self.highest_trigger = max(self.highest_trigger, checkpoint_id)
         pending = PendingSnapshot(trigger, time.monotonic(), final=self.end_of_input)
         not_ready = self.parts.restoring.not_ready(self.parts.channels)
-        if not_ready is not None:  # recovering (`split`): not counted as a failure
+        if not_ready is None and self.parts.initial is not None:
+            not_ready = self.parts.initial.not_ready()
+        if not_ready is not None:  # recovering (`split`), or the initial state: not a failure
             subtask, why = not_ready
             log.info("job %s: checkpoint %d declined, %s %s", self.shape.job_id, checkpoint_id, subtask, why)  # fmt: skip
             reason = CheckpointFailureReason.CHECKPOINT_DECLINED_TASK_NOT_READY

@@ -66,6 +66,9 @@ class ProcessTask:
     """The round's processing time (ms since the epoch, the driver's clock at planning)."""
     processing_timer_groups: list[int] = field(default_factory=list)
     """Key groups that may hold processing-time timers up to ``processing_time``."""
+    initial_segment: str | None = None
+    """A fresh start's first round: the subtask's share of the job's initial state
+    (`rounds.initial`), handed to ``on_initial_state`` before the records."""
 
 
 @dataclass(frozen=True)
@@ -99,18 +102,8 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     file for the subtask (DESIGN.md section 4: a Python call per round, not per key group or
     record); then the compaction the driver asked for."""
     declared = declared_state(function)
-    ranges = task.segment_key_groups or [None] * len(task.segments)
-    paths = [f"{task.channel_dir}/{name}" for name in task.segments]
-    segment_bytes = read_files(paths)  # on an object store, fetched together
-    frames = [
-        keep_key_groups(from_ipc(segment_bytes[path]), groups)
-        for path, groups in zip(paths, ranges, strict=True)
-    ]
-    records = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    groups = records.pop(KEY_GROUP_COLUMN) if len(records) else pd.Series([], dtype="int32")
-    # the records' keys, taken before the function runs (it may change the frame)
-    keys = records[task.key].to_numpy(copy=True) if len(records) else np.array([], dtype=object)
-    key_groups = groups.to_numpy().astype(np.int64)
+    records, keys, key_groups = round_records(task)
+    initial, keys, key_groups = initial_rows(task, keys, key_groups)
     view = StateView(task.state, declared)
     # a function without an end-of-input hook needs no other keys' state (reading all of it
     # would hold the whole state in memory at once)
@@ -122,6 +115,8 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
     before = view.lookup(keys, key_groups)
     state = KeyedState(declared, before, task.watermark, task.processing_time, task.key)
     outputs: list[pd.DataFrame] = []
+    if len(initial):
+        outputs.append(user_code(function.on_initial_state, initial, state))
     if len(records):
         outputs.append(user_code(function.process, records, state))
     timers = TimersFired()
@@ -149,6 +144,41 @@ def process_subtask(task: ProcessTask, function: KeyedFunction) -> ProcessResult
         task.emit(pd.concat(emitted, ignore_index=True))
     return ProcessResult(
         task.subtask, written, output_path, rows, timers.exact, timers.lowered, timers.count
+    )
+
+
+def round_records(task: ProcessTask) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """The round's records (its segments in order, each holding only the subtask's key groups)
+    and their keys and key groups, the keys taken before the function runs (it may change the
+    frame)."""
+    ranges = task.segment_key_groups or [None] * len(task.segments)
+    paths = [f"{task.channel_dir}/{name}" for name in task.segments]
+    segment_bytes = read_files(paths)  # on an object store, fetched together
+    frames = [
+        keep_key_groups(from_ipc(segment_bytes[path]), groups)
+        for path, groups in zip(paths, ranges, strict=True)
+    ]
+    records = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    groups = records.pop(KEY_GROUP_COLUMN) if len(records) else pd.Series([], dtype="int32")
+    keys = records[task.key].to_numpy(copy=True) if len(records) else np.array([], dtype=object)
+    return records, keys, groups.to_numpy().astype(np.int64)
+
+
+def initial_rows(
+    task: ProcessTask, keys: np.ndarray, groups: np.ndarray
+) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """The subtask's share of the job's initial state (empty unless this is a fresh start's
+    first round), and the round's keys and key groups with its keys added (their state is read
+    with the records')."""
+    if not task.initial_segment:
+        return pd.DataFrame(), keys, groups
+    initial = from_ipc(task.initial_segment)
+    initial_groups = initial.pop(KEY_GROUP_COLUMN).to_numpy().astype(np.int64)
+    initial_keys = np.asarray(initial[task.key].to_numpy(copy=True), dtype=object)
+    return (
+        initial,
+        np.concatenate([initial_keys, np.asarray(keys, dtype=object)]),
+        np.concatenate([initial_groups, groups]),
     )
 
 

@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from typing import Any
 
@@ -47,6 +47,7 @@ from sparkpoint.agent.rounds.channels import (
     mark_source_watermark,
 )
 from sparkpoint.agent.rounds.fetch import FetchResult, FetchTask, fetch_and_partition
+from sparkpoint.agent.rounds.initial import InitialState
 from sparkpoint.agent.rounds.process import ProcessResult, ProcessTask, output_file, process_subtask
 from sparkpoint.agent.rounds.user_code import UserCodeFailure, guarded, unless_user_failed
 from sparkpoint.agent.sinks import Emit
@@ -166,6 +167,8 @@ class Rounds:
         self.firing_spans: list[tuple[int, int]] = []
         """Those rounds' spans, ms since the epoch (what a benchmark sets checkpoints beside)."""
         self.submitted = 0.0
+        self.initial: InitialState | None = None
+        """The initial state the round in flight applies (`rounds.initial`)."""
 
     def in_flight(self) -> list[Future[Any]]:
         return [f for f in (self.fetching, self.processing) if f is not None]
@@ -182,6 +185,7 @@ class Rounds:
         source: Reader,
         held: bool,
         end_of_input: bool = False,
+        initial: InitialState | None = None,
     ) -> bool:
         """Plans the next round and submits it, when none is in flight: stage 2 over what the
         channels hold, stage 1 unless ``held`` (restored channel state goes first), a channel is
@@ -190,7 +194,7 @@ class Rounds:
             return False
         if not held:
             self.watermarks(source, channels)
-        process = self._plan_process(channels, backend, emit, end_of_input)
+        process = self._plan_process(channels, backend, emit, end_of_input, initial)
         fetch = [] if end_of_input else self._plan_fetch(source, channels, held)
         if not process and not fetch:
             return False
@@ -300,10 +304,12 @@ class Rounds:
     # --- stage 2 ---------------------------------------------------------------------------------
 
     def _plan_process(
-        self, channels: list[Channel], backend: StateBackend, emit: Emit | None, end_of_input: bool
-    ) -> list[ProcessTask]:
+        self, channels: list[Channel], backend: StateBackend, emit: Emit | None,
+        end_of_input: bool, initial: InitialState | None,
+    ) -> list[ProcessTask]:  # fmt: skip
         """The round's stage-2 parts, one per subtask with segments to process; at the end of a
-        bounded input, every subtask runs once more (its end-of-input hook)."""
+        bounded input, every subtask runs once more (its end-of-input hook); a fresh start's
+        first round, every subtask with a share of the initial state."""
         max_rows = self.settings.max_rows_per_round
         taken = {i: c.take(max_rows) for i, c in enumerate(channels)}
         reaches = {i: c.reach(taken[i]) for i, c in enumerate(channels)}
@@ -319,6 +325,11 @@ class Rounds:
         work = [i for i, segments in taken.items() if segments or any(due.get(i, ((), ())))]
         if end_of_input:
             work = list(range(self.settings.parallelism))
+        first = initial is not None and not initial.submitted
+        if first and initial is not None:
+            work = sorted({*work, *initial.segments})
+            initial.submitted = True
+            self.initial = initial
         for i, channel in enumerate(channels):
             if i not in work:  # nothing to process or fire: its watermark moves on at once
                 channel.advance(reaches[i])
@@ -334,6 +345,8 @@ class Rounds:
             task = self._process_task(
                 i, taken[i], backend, emit, end_of_input, watermarks, timer_groups, now_ms
             )
+            if first and initial is not None:
+                task = replace(task, initial_segment=initial.segments.get(i))
             tasks.append(task)
         self.asked = {task.subtask: task.state for task in tasks}
         return tasks
@@ -392,6 +405,8 @@ class Rounds:
                 done.outputs.append((result.subtask, result.output_path))
             self.progress.emitted(result.output_rows)
         self.processed_rows += sum(s.rows for segments in taken.values() for s in segments)
+        if self.initial is not None:  # every subtask ran on_initial_state: checkpoints may go
+            self.initial.applied, self.initial = True, None
         if any(r.timers_fired for r in processing.result()):
             self.firing_seconds += now - self.submitted
             ended_ms = int(time.time() * 1000)
@@ -417,6 +432,7 @@ class Rounds:
                 future.result()
         self.fetching = self.processing = None
         self.round = None
+        self.initial = None  # the next attempt applies it again, or restores what has it
 
     def shutdown(self) -> None:
         self.runner.shutdown(wait=True)
