@@ -294,32 +294,44 @@ def fire_timers(
 
 def stored_timers(domain: TimerDomain, view: StateView, have: set[object]) -> pd.DataFrame:
     """The timers (key, timestamp, group) stored in the key groups the driver named, of keys
-    the round does not already hold."""
-    stored: list[pd.DataFrame] = []
+    the round does not already hold: columns gathered per key group, one frame made."""
+    keys: list[np.ndarray] = []
+    stamps: list[np.ndarray] = []
+    groups: list[np.ndarray] = []
     for group in domain.groups:
         table = view.folded(group, only=domain.state_name).rows.get(domain.state_name)
         if table is None or not table.num_rows:
             continue
-        part = pd.DataFrame(
-            {"key": table.column("key").to_pylist(), "timestamp": table.column("user_key")}
-        )
-        part["group"] = group
-        stored.append(part[~part["key"].isin(have)])
-    return pd.concat(stored, ignore_index=True) if stored else pd.DataFrame()
+        keys.append(np.asarray(table.column("key").to_numpy(zero_copy_only=False), dtype=object))
+        stamps.append(table.column("user_key").to_numpy(zero_copy_only=False))
+        groups.append(np.full(table.num_rows, group, dtype=np.int64))
+    if not keys:
+        return pd.DataFrame()
+    found = pd.DataFrame(
+        {
+            "key": np.concatenate(keys),
+            "timestamp": np.concatenate(stamps),
+            "group": np.concatenate(groups),
+        }
+    )
+    return found[~found["key"].isin(have)] if have else found
 
 
 def earliest_timers(pending: pd.Series, fired: TimersFired, others: pd.DataFrame) -> dict[int, int]:
     """Per key group, the earliest timer still pending: of the keys the round holds
     (``pending``), and of the stored ones it did not take."""
-    group_of = dict(zip(fired.keys.tolist(), fired.groups.tolist(), strict=True))
-    earliest: dict[int, int] = {}
-    for key, stamp in zip(pending.index.tolist(), pending.tolist(), strict=True):
-        group = int(group_of[key])
-        earliest[group] = min(earliest.get(group, stamp), stamp)
+    parts: list[pd.Series] = []
+    if len(pending):
+        group_of = pd.Series(fired.groups, index=pd.Index(fired.keys, dtype=object))
+        group_of = group_of[~group_of.index.duplicated()]
+        groups = group_of.reindex(pending.index).to_numpy()
+        parts.append(pd.Series(pending.to_numpy(), dtype="int64").groupby(groups).min())
     if len(others):
-        for group, stamp in others.groupby("group")["timestamp"].min().items():
-            earliest[int(group)] = min(earliest.get(int(group), int(stamp)), int(stamp))
-    return earliest
+        parts.append(others.groupby("group")["timestamp"].min().astype("int64"))
+    if not parts:
+        return {}
+    earliest = pd.concat(parts).groupby(level=0).min()
+    return {int(g): int(t) for g, t in earliest.items()}
 
 
 def has_end_of_input_hook(function: KeyedFunction) -> bool:
