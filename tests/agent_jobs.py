@@ -233,3 +233,25 @@ def window_job(name: str, topic: str, output: str, max_records: int, slow_ms: in
         parallelism=2,
         settings=FAST_CHECKPOINTS,
     )
+
+
+class Balances(StatefulProcessor):
+    """An account's balance: its initial state's ``balance``, then each round's amounts added;
+    the balance written for each round an account has records in."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.balance = handle.getValueState("balance", "balance long")
+
+    def handleInitialState(
+        self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues
+    ) -> None:
+        self.balance.update((int(initialState["balance"].sum()),))
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
+    ) -> Iterator[pd.DataFrame]:
+        total = (self.balance.get() or (0,))[0]
+        for frame in rows:
+            total += int(frame["amount"].sum())
+        self.balance.update((total,))
+        yield pd.DataFrame({"account": [key[0]], "balance": [total]})

@@ -11,31 +11,20 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from pyspark.sql.streaming.stateful_processor import (
-    StatefulProcessor,
-    StatefulProcessorHandle,
-    TimerValues,
-)
+from pyspark.sql.streaming.stateful_processor import TimerValues
 
 from sparkpoint.agent.job import Job, KafkaSink, KafkaSource
 from sparkpoint.agent.processor import SparkProcessor
 from sparkpoint.testing import JobRun, assert_exactly_once, kill_agent
+from tests.agent_jobs import Balances
 
 pytestmark = pytest.mark.spark
 
 ACCOUNTS = 40
 
 
-class Ledger(StatefulProcessor):
+class Ledger(Balances):
     """Each payment's balance after it: the account's initial balance plus its payments."""
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.balance = handle.getValueState("balance", "balance long")
-
-    def handleInitialState(
-        self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues
-    ) -> None:
-        self.balance.update((int(initialState["balance"].sum()),))
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues

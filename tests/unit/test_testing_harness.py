@@ -6,16 +6,11 @@ timers by hand."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import ClassVar
 
 import pandas as pd
 import pytest
-from pyspark.sql.streaming.stateful_processor import (
-    StatefulProcessor,
-    StatefulProcessorHandle,
-    TimerValues,
-)
 from pyspark.sql.streaming.tws_tester import TwsTester
 
 from sparkpoint.agent.example import PaymentStats, example_job, payments, positive, reference_output
@@ -30,7 +25,7 @@ from sparkpoint.agent.job import (
 from sparkpoint.agent.processor import SparkProcessor
 from sparkpoint.agent.time.ttl import StateTtlConfig
 from sparkpoint.testing import KeyedFunctionHarness
-from tests.agent_jobs import WindowCounts, WindowProcessor
+from tests.agent_jobs import Balances, WindowCounts, WindowProcessor
 
 Row = tuple[str, str, int, int]
 
@@ -162,28 +157,6 @@ def test_a_spark_stateful_processor_runs_in_the_harness_as_in_a_job() -> None:
         snapshot = harness.snapshot()
     with KeyedFunctionHarness.restore(snapshot, function(), "account", parallelism=3) as after:
         assert rows_of(after.process_watermark(30_000)) == [("window", "b", 10_000, 1)]
-
-
-class Balances(StatefulProcessor):
-    """An account's balance: its initial state's ``balance``, then each round's amounts added;
-    the balance written for each round an account has records in."""
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.balance = handle.getValueState("balance", "balance long")
-
-    def handleInitialState(
-        self, key: Any, initialState: pd.DataFrame, timerValues: TimerValues
-    ) -> None:
-        self.balance.update((int(initialState["balance"].sum()),))
-
-    def handleInputRows(
-        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues
-    ) -> Iterator[pd.DataFrame]:
-        total = (self.balance.get() or (0,))[0]
-        for frame in rows:
-            total += int(frame["amount"].sum())
-        self.balance.update((total,))
-        yield pd.DataFrame({"account": [key[0]], "balance": [total]})
 
 
 def test_a_spark_processors_initial_state_is_applied_once_as_twstester_applies_it() -> None:

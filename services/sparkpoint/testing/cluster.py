@@ -512,7 +512,12 @@ def pickled_job(job: Job, directory: Path) -> str:
     where its code is not importable from an installed package (a test module's classes)."""
     from pyspark import cloudpickle
 
-    modules = {type(job.function).__module__, getattr(job.map, "__module__", None)}
+    inner = getattr(job.function, "processor", None)  # a SparkProcessor's StatefulProcessor
+    modules = {
+        type(job.function).__module__,
+        getattr(job.map, "__module__", None),
+        *([type(inner).__module__] if inner is not None else []),
+    }
     registered = []
     for name in modules:
         module = sys.modules.get(name or "")
