@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
 import httpx
 import pandas as pd
@@ -35,6 +35,7 @@ from sparkpoint.common.broker import EmbeddedBroker, free_port
 from sparkpoint.common.events import SinkEpochPublished
 from sparkpoint.common.kafka import consumer_config, make_admin, replay_topic, true_end_offset
 from sparkpoint.common.topics import SINK_MARKERS, create_topics
+from sparkpoint.testing.harness import Records, frame_of
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +227,6 @@ class JobRun:
     @property
     def restarts(self) -> int:
         return len(self.runs) - 1
-
-
-Records: TypeAlias = pd.DataFrame | Iterable[Mapping[str, Any]]
 
 
 class JobRunner:
@@ -427,12 +425,6 @@ def input_by_topic(
     if len(job.source.topics) != 1:
         raise ValueError(f"the job reads {job.source.topics}: give input as topic -> records")
     return {job.source.topics[0]: frame_of(input)}
-
-
-def frame_of(rows: Records) -> pd.DataFrame:
-    return (
-        rows.reset_index(drop=True) if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
-    )
 
 
 def create(bootstrap: str, topics: Iterable[str], partitions: int) -> None:

@@ -50,6 +50,13 @@ from sparkpoint.common.keygroups import (
 )
 
 Records: TypeAlias = pd.DataFrame | Iterable[Mapping[str, Any]]
+"""Records as a test gives them: a DataFrame, or dicts."""
+
+
+def frame_of(rows: Records) -> pd.DataFrame:
+    return (
+        rows.reset_index(drop=True) if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    )
 
 
 @dataclass(frozen=True)
@@ -133,9 +140,9 @@ class KeyedFunctionHarness:
     def process(self, records: Records) -> pd.DataFrame:
         """One round over ``records``: each subtask with records calls the function once (a
         key's records in the order given), then fires its timers due at its watermark."""
-        frame = records if isinstance(records, pd.DataFrame) else pd.DataFrame(list(records))
+        frame = frame_of(records)
         if len(frame):
-            frame = user_code(self.map, frame.reset_index(drop=True))
+            frame = user_code(self.map, frame)
         parts = dict(by_subtask(frame, self.key, self.max_parallelism, self.parallelism)) if len(frame) else {}  # fmt: skip
         return self._round({i: [part] for i, part in parts.items()})
 
