@@ -23,6 +23,7 @@ from sparkpoint.agent.state.changelog import (
     encode_run,
     lookup,
     materialize,
+    materialize_groups,
     merge_runs,
     positions,
 )
@@ -144,6 +145,21 @@ def test_lookups_through_changes_merges_and_bases_match_a_model(
     def live(seq: int) -> frozenset[int]:
         return frozenset(g for g, chain in chains.items() if any(s == seq for s, _ in chain))
 
+    def folded_together(wanted: set[int]) -> dict[str, list[dict[str, Any]]]:
+        layers: list[tuple[Run, set[int]]] = [(run, live(seq) & wanted) for seq, run in in_use()]
+        layers += [(bases[g], {g}) for g in sorted(wanted) if bases[g] is not None]
+        base = materialize_groups(layers)
+        return {name: table.to_pylist() for name, table in base.rows.items() if table.num_rows}
+
+    def folded_one_by_one(wanted: set[int]) -> dict[str, list[dict[str, Any]]]:
+        found: dict[str, list[dict[str, Any]]] = {}
+        for group in sorted(wanted):
+            chain = [run for _, run in chains[group]]
+            base = materialize([*chain, *([bases[group]] if bases[group] else [])], group)
+            for name, table in base.rows.items():
+                found.setdefault(name, []).extend(table.to_pylist())
+        return {name: rows for name, rows in sorted(found.items()) if rows}
+
     def state_of(keys: list[str]) -> dict[str, pd.Series]:
         return lookup(
             [(run, live(seq)) for seq, run in in_use()],
@@ -178,6 +194,9 @@ def test_lookups_through_changes_merges_and_bases_match_a_model(
                 if any(s in members for s, _ in chain):
                     kept = [(s, r) for s, r in chain if s not in members]
                     chains[group] = sorted([*kept, (newest, merged)], key=lambda i: -i[0])
+        if rng.random() < 0.3:  # several key groups folded in one call, as stored timers are
+            wanted = set(rng.sample(range(GROUPS), rng.randrange(1, GROUPS + 1)))
+            assert folded_together(wanted) == folded_one_by_one(wanted)
         if rng.random() < 0.25:  # a key group materialized
             group = rng.randrange(GROUPS)
             base = bases[group]

@@ -214,6 +214,16 @@ def lookup(
     kh, unique_keys = kh[order], unique_keys[order]
     key_groups = (kh >> np.uint64(HASH_BITS)).astype(np.int64)
     index = pd.Index(unique_keys)
+    collisions = len(_distinct(kh)) != len(kh)
+
+    def served(taken: pa.Table) -> np.ndarray:
+        """Positions (in ``unique_keys``) of the keys ``taken`` has rows of: found by ``kh``
+        (sorted), by the keys themselves where two keys share a ``kh``."""
+        if collisions:
+            at: np.ndarray = index.get_indexer(taken.column("key").to_numpy(False))
+            return at
+        return np.searchsorted(kh, _kh(taken))
+
     found: dict[str, pd.Series] = {}
     for name, descriptor in declared.items():
         pending = np.ones(len(unique_keys), dtype=bool)
@@ -231,7 +241,7 @@ def lookup(
                 if taken is not None and taken.num_rows:
                     if table is rows:
                         parts.append(taken)
-                    pending[index.get_indexer(taken.column("key").to_numpy(False))] = False
+                    pending[served(taken)] = False
             if not pending.any():
                 break
         if pending.any():
@@ -304,22 +314,30 @@ def _keys(series: pd.Series) -> np.ndarray:
 def materialize(runs: Sequence[Run], group: int, only: str | None = None) -> Run:
     """Key group ``group``'s whole state from its runs (newest first) as one base run
     (``only``: of that one state, the others left out)."""
-    low, high = group_bounds(group)
-    names = {name for run in runs for name in run.rows} | {
-        name for run in runs for name in (run.replaced or {})
+    ends_at = next((i for i, run in enumerate(runs) if run.is_base), len(runs) - 1)
+    return materialize_groups([(run, (group,)) for run in runs[: ends_at + 1]], only)
+
+
+def materialize_groups(
+    layers: Sequence[tuple[Run, Collection[int]]], only: str | None = None
+) -> Run:
+    """Several key groups' whole state as one base run, in one sort over all of them: each
+    layer (newest first) is a run and the key groups it holds for them (the change runs live
+    for them, then their bases), each key's rows taken from the newest layer that has it. What
+    `materialize` gives per key group, at the cost of one call (key groups' ``kh`` ranges are
+    disjoint)."""
+    names = {name for run, _ in layers for name in run.rows} | {
+        name for run, _ in layers for name in (run.replaced or {})
     }
     if only is not None:
         names &= {only}
     rows: dict[str, pa.Table] = {}
     for name in sorted(names):
         parts: list[pa.Table | None] = []
-        for run in runs:
-            table = run.rows.get(name)
-            parts.append(None if table is None else _slice(table, low, high))
-            if run.replaced is None:
-                break
-            keys = run.replaced.get(name)
-            parts.append(None if keys is None else _slice(keys, low, high))
+        for run, groups in layers:
+            parts.append(_slices(run.rows.get(name), groups))
+            replaced = None if run.replaced is None else run.replaced.get(name)
+            parts.append(_slices(replaced, groups))
         kept = _newest(parts)
         found = [p for i, p in enumerate(kept) if i % 2 == 0 and p is not None]
         if found:
@@ -364,6 +382,21 @@ def _slice(table: pa.Table, low: np.uint64, high: np.uint64) -> pa.Table:
     kh = _kh(table)
     start, end = np.searchsorted(kh, [low, high], "left")
     return table.slice(int(start), int(end - start))
+
+
+def _slices(table: pa.Table | None, groups: Collection[int]) -> pa.Table | None:
+    """The rows of ``table`` (sorted by ``kh``) in the key groups ``groups``: the table itself
+    when they cover every key group it holds, else one filter."""
+    if table is None or not groups or not table.num_rows:
+        return None
+    held = (_kh(table) >> np.uint64(HASH_BITS)).astype(np.int64)
+    wanted = np.fromiter(groups, dtype=np.int64, count=len(groups))
+    if held[0] == held[-1]:  # one key group (a base, or a run of one)
+        return table if held[0] in wanted else None
+    mask = np.isin(held, wanted)
+    if mask.all():
+        return table
+    return table.filter(pa.array(mask)) if mask.any() else None
 
 
 def merge_runs(runs: Sequence[tuple[Run, Collection[int]]]) -> Run:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -284,6 +284,20 @@ class StateView:
         if expire_at is not None:
             base = changelog.without_expired(base, self.declared, expire_at)
         return base
+
+    def folded_groups(self, groups: Collection[int], only: str | None = None) -> Run:
+        """Key groups ``groups``' whole state as one base, folded together (`folded` of each,
+        in one call: `changelog.materialize_groups`)."""
+        wanted = {g for g in groups if g in self.state.chains}
+        runs, _ = self._load(wanted)
+        layers: list[tuple[Run, Collection[int]]] = [(run, live & wanted) for run, live in runs]
+        bases: dict[str, set[int]] = {}
+        for group in wanted:
+            base = self.state.chains[group][0]
+            if base is not None:
+                bases.setdefault(base, set()).add(group)
+        layers += [(self._runs[path], held) for path, held in bases.items()]
+        return changelog.materialize_groups(layers, only)
 
     def compact(self, run: Run | None, written: Written, now_ms: int) -> Written:
         """``written`` (the round's ``run``, written) with the merge and the bases the driver
