@@ -194,19 +194,18 @@ def produce_input(bootstrap: str, topic: str, data: Workload) -> None:
 # --- reading and checking the output -------------------------------------------------------------
 
 
-def read_output(bootstrap: str, topic: str, timeout_s: float = 300.0) -> pd.DataFrame:
-    """Every record of ``topic`` (user index, sum, partition, offset), up to the true end offset
+def read_json(
+    bootstrap: str, topic: str, timeout_s: float = 300.0
+) -> list[tuple[dict[str, Any], int, int]]:
+    """Every record of ``topic`` (its JSON value, partition, offset), up to the true end offset
     of each partition taken now."""
     config = consumer_config(bootstrap, profile=ConsumerProfile.REPLAY, read_committed=True)
     consumer = Consumer(config)
+    found: list[tuple[dict[str, Any], int, int]] = []
     try:
         ends = {p: true_end_offset(consumer, topic, p) for p in range(PARTITIONS)}
         remaining = {p: end for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, 0) for p in remaining])
-        users: list[int] = []
-        sums: list[int] = []
-        partitions: list[int] = []
-        offsets: list[int] = []
         deadline = time.monotonic() + timeout_s
         while remaining:
             if time.monotonic() > deadline:
@@ -214,19 +213,28 @@ def read_output(bootstrap: str, topic: str, timeout_s: float = 300.0) -> pd.Data
             for message in consumer.consume(100_000, 0.5):
                 if message.error() is not None:
                     raise RuntimeError(f"{topic}: {message.error()}")
-                value = json.loads(message.value())
-                users.append(int(value["user"][1:]))
-                sums.append(int(value["sum"]))
-                partitions.append(message.partition())
-                offsets.append(message.offset())
+                found.append((json.loads(message.value()), message.partition(), message.offset()))
             positions = consumer.position([TopicPartition(topic, p) for p in remaining])
             for position in positions:
                 if position.offset >= remaining[position.partition]:
                     del remaining[position.partition]
     finally:
         consumer.close()
+    return found
+
+
+def read_output(bootstrap: str, topic: str, timeout_s: float = 300.0) -> pd.DataFrame:
+    """Every record of ``topic`` (user index, sum, partition, offset), up to the true end offset
+    of each partition taken now."""
+    found = read_json(bootstrap, topic, timeout_s)
     return pd.DataFrame(
-        {"user": users, "sum": sums, "partition": partitions, "offset": offsets}, dtype="int64"
+        {
+            "user": [int(value["user"][1:]) for value, _, _ in found],
+            "sum": [int(value["sum"]) for value, _, _ in found],
+            "partition": [partition for _, partition, _ in found],
+            "offset": [offset for _, _, offset in found],
+        },
+        dtype="int64",
     )
 
 

@@ -20,9 +20,16 @@ Runs:
   whose trigger-to-completion overlapped a round that fired timers, aligned and unaligned
   (goal: unaligned <= 200 ms during a burst of 1,000,000 firing timers).
 
-Not here yet: bytewax's and quixstreams' windows on the same input (issue 41 goes on).
+- ``bytewax`` and ``quixstreams``: the same 10 s tumbling count and sum per account over the
+  same topic, each peer's own window operator (bench/peers/*_windows.py, in .venv-peers, as
+  bench/peers.py runs them; settings in their docstrings and in the results), records/s from
+  its first record to its end. Goals: windowed >= 3x bytewax and >= 8x quixstreams. The input
+  ends with one record per partition past every window (quixstreams closes a window only on a
+  later record of its partition); every system's windows are read back and compared with a
+  plain-Python reference (``check``: each window once, its count and sum exact).
 
-``--keys``, ``--timers-per-key`` and ``--records`` run smaller inputs.
+``--keys``, ``--timers-per-key`` and ``--records`` run smaller inputs; ``--runs`` some of the
+runs (the results file is written only by a run of all).
 """
 
 from __future__ import annotations
@@ -39,10 +46,12 @@ from typing import Any, ClassVar
 
 import pandas as pd
 from confluent_kafka import Producer
+from peers import PEERS_PYTHON, create_topic, read_json
+from peers import run_job as run_peer
 from pipeline import checkpoint_durations
-from recording import start_coordinator, write_results
+from recording import percentiles, start_coordinator, write_results
 
-from sparkpoint.agent.example import ensure_topic, generate
+from sparkpoint.agent.example import STEP_MS, ensure_topic, generate, payments
 from sparkpoint.agent.job import (
     Job,
     KafkaSink,
@@ -62,11 +71,33 @@ from sparkpoint.common.events import CheckpointEventType, CheckpointLifecycleEve
 from sparkpoint.common.kafka import producer_config, replay_topic
 from sparkpoint.common.topics import CHECKPOINT_EVENTS
 
+RUNS = ("timers", "timers_unaligned", "windowed", "running_sum", "bytewax", "quixstreams")
 SETTINGS = {
     "execution.checkpointing.interval": "1s",
     "execution.checkpointing.min-pause": "0ms",
 }
 HOUR_MS = 3_600_000
+WINDOW_MS = 10_000
+PARTITIONS = 4
+END = "~end"
+"""The account of the records that close every window (`fill_payments`)."""
+PEER_SETTINGS = {
+    "bytewax": {
+        "windows": "fold_window, TumblingWindower(10 s, aligned to the epoch), EventClock on "
+        "ts waiting 10 minutes of event time (one watermark per worker: four partitions read "
+        "in turns)",
+        "recovery": "SQLite, 1 partition, snapshots every 1 s",
+        "workers": 1,
+        "sink": "KafkaSink (not transactional)",
+    },
+    "quixstreams": {
+        "windows": "tumbling_window(10 s, grace 0).agg(Count, Sum).final(closing_strategy="
+        "'partition'), timestamps from ts",
+        "processing_guarantee": "exactly-once",
+        "commit_interval_s": 1.0,
+        "state": "RocksDB with changelog topic",
+    },
+}
 START_MS = 1_767_225_600_000
 
 
@@ -124,12 +155,14 @@ def agent_for(job: Job, bootstrap: str, root: Path, codec: EventCodec, spark: An
     )
 
 
-def during_bursts(
+def completed_durations(
     bootstrap: str, codec: EventCodec, job_id: str, spans: list[tuple[int, int]]
-) -> list[dict[str, int]]:
-    """The completed checkpoints whose trigger-to-completion overlapped a round that fired
-    timers: their ids and durations (ms)."""
-    found = []
+) -> tuple[list[dict[str, int]], list[int]]:
+    """The job's completed checkpoints: those whose trigger-to-completion overlapped a round
+    that fired timers (their ids and durations, ms), and the durations of the others (taken
+    while the timers were pending)."""
+    during: list[dict[str, int]] = []
+    pending: list[int] = []
     for record in replay_topic(bootstrap, codec, CHECKPOINT_EVENTS):
         event = record.event
         if (
@@ -140,8 +173,10 @@ def during_bursts(
         ):
             started = event.timestamp - event.duration_ms
             if any(started < end and event.timestamp > begin for begin, end in spans):
-                found.append({"id": event.checkpoint_id, "duration_ms": event.duration_ms})
-    return found
+                during.append({"id": event.checkpoint_id, "duration_ms": event.duration_ms})
+            else:
+                pending.append(event.duration_ms)
+    return during, pending
 
 
 def timers_run(
@@ -166,7 +201,7 @@ def timers_run(
     fired = agent.stages.timers_fired
     firing_s = agent.stages.firing_seconds
     per_second = round(fired / firing_s) if firing_s else None
-    bursts = during_bursts(bootstrap, codec, job.id, agent.stages.firing_spans)
+    bursts, pending = completed_durations(bootstrap, codec, job.id, agent.stages.firing_spans)
     figures = {
         "status": status.name,
         "checkpoints": "unaligned" if unaligned else "aligned",
@@ -179,12 +214,15 @@ def timers_run(
         "timers_fired_per_second": per_second,
         "timers_fired_per_second_per_core": round(per_second / 2) if per_second else None,
         "checkpoint_end_to_end_ms": checkpoint_durations(bootstrap, codec, job.id),
+        "checkpoint_while_timers_pending_ms": percentiles(pending),
         "checkpoints_during_firing": bursts,
         "checkpoint_during_firing_max_ms": max((b["duration_ms"] for b in bursts), default=None),
         "note": (
             "firing_seconds: the wall time of the rounds that fired timers, submission to "
             "collection (a round also processes records and writes its state); the final "
-            "watermark fires every pending timer"
+            "watermark fires every pending timer; checkpoint_while_timers_pending_ms: the "
+            "checkpoints that did not overlap a round firing timers (the pile-up to 1,000,000 "
+            "pending), checkpoints_during_firing: those that did"
         ),
     }
     print(
@@ -221,12 +259,168 @@ def throughput_run(
     return figures
 
 
+# --- the windows against bytewax's and quixstreams' ----------------------------------------------
+
+
+def fill_payments(bootstrap: str, topic: str, records: int) -> int:
+    """The payments (bench/pipeline.py's generator), then one record per partition past every
+    window (account ``END``, amount 0), alone in its batch: quixstreams closes a window only
+    when a later record of its partition passes it, and the embedded broker's end offsets are
+    then true (bytewax's source stops at them). Returns the records written."""
+    create_topic(bootstrap, topic)  # with the configs quixstreams reads from it
+    generate(bootstrap, topic, records)
+    producer = Producer(producer_config(bootstrap))
+    past = START_MS + records * STEP_MS + HOUR_MS
+    for partition in range(PARTITIONS):
+        value = {"id": -1 - partition, "account": END, "amount": 0, "ts": past}
+        producer.produce(topic, json.dumps(value).encode(), END.encode(), partition=partition)
+    if producer.flush(30):
+        raise RuntimeError("the closing records were not delivered")
+    return records + PARTITIONS
+
+
+def reference_windows(records: int) -> dict[tuple[str, int], tuple[int, int]]:
+    """(account, window start) -> (payments, sum of amounts), in plain Python."""
+    windows: dict[tuple[str, int], tuple[int, int]] = {}
+    for payment in payments(records):
+        key = (payment.account, payment.ts - payment.ts % WINDOW_MS)
+        n, total = windows.get(key, (0, 0))
+        windows[key] = (n + 1, total + payment.amount)
+    return windows
+
+
+def check_windows(
+    found: list[tuple[dict[str, Any], int, int]], reference: dict[tuple[str, int], tuple[int, int]]
+) -> dict[str, Any]:
+    """A system's window output against the reference: each window once, with its count and
+    sum (the closing records' own windows left out)."""
+    seen: dict[tuple[str, int], int] = {}
+    wrong = 0
+    for value, _, _ in found:
+        if value["account"] == END:
+            continue
+        key = (value["account"], int(value["window_start"]))
+        seen[key] = seen.get(key, 0) + 1
+        if reference.get(key) != (int(value["n"]), int(value["total"])):
+            wrong += 1
+    result = {
+        "windows": len(reference),
+        "output_records": sum(seen.values()),
+        "missing": len(reference.keys() - seen.keys()),
+        "duplicates": sum(n - 1 for n in seen.values()),
+        "wrong": wrong,
+    }
+    result["exact"] = result["missing"] == result["duplicates"] == result["wrong"] == 0
+    return result
+
+
+def peer_windows(
+    system: str, bootstrap: str, topic: str, records: int, windows: int, root: Path
+) -> tuple[dict[str, Any], str]:
+    """Runs bench/peers/<system>_windows.py over the payments; its figures and output topic."""
+    output = f"{topic}-{system}"
+    create_topic(bootstrap, output)
+    args = [
+        "--bootstrap", bootstrap, "--input", topic, "--output", output,
+        "--records", str(records), "--work-dir", str(root / system),
+        "--name", f"time-{system}-{uuid.uuid4().hex[:8]}",
+    ]  # fmt: skip
+    if system == "quixstreams":
+        args += ["--outputs", str(windows)]
+    log = root / f"{system}-windows.log"
+    run = run_peer(PEERS_PYTHON, f"{system}_windows.py", args, log, 1800, dict(os.environ))
+    excluding = run.figures["done"] - run.figures["first_record"]
+    including = run.figures["done"] - run.launched
+    figures = {
+        "records_per_second": round(records / excluding),
+        "records_per_second_including_startup": round(records / including),
+        "seconds": round(excluding, 1),
+        "late_records": run.figures["late_records"],
+        "settings": PEER_SETTINGS[system],
+        "versions": run.figures["versions"],
+    }
+    print(f"{system} windows: {figures['records_per_second']:,} records/s, {figures}")
+    return figures, output
+
+
+def windows_runs(
+    runs: set[str], bootstrap: str, root: Path, codec: EventCodec, spark: Any, records: int
+) -> dict[str, Any]:
+    """The windowed job, the running sum and the peers' windows over one input."""
+    topic = f"bench-time-payments-{uuid.uuid4().hex[:6]}"
+    written = fill_payments(bootstrap, topic, records)
+    reference = reference_windows(records)
+    results: dict[str, Any] = {}
+    if "windowed" in runs:
+        windows = WindowAggregate(
+            TumblingEventTimeWindows.of("10s"),
+            {"n": ("*", "count"), "total": ("amount", "sum")},
+            timestamp_column="ts",
+        )
+        results["windowed"] = throughput_run(
+            "windowed", windows, topic, written, bootstrap, root, codec, spark
+        )
+        found = read_json(bootstrap, f"{topic}-windowed")
+        results["windowed"]["check"] = check_windows(found, reference)
+    if "running_sum" in runs:
+        results["running_sum"] = throughput_run(
+            "running-sum", RunningSum(), topic, written, bootstrap, root, codec, spark
+        )
+    for system in ("bytewax", "quixstreams"):
+        if system in runs:
+            figures, output = peer_windows(system, bootstrap, topic, written, len(reference), root)
+            figures["check"] = check_windows(read_json(bootstrap, output), reference)
+            results[system] = figures
+    return results
+
+
+def goals(results: dict[str, Any]) -> dict[str, Any]:
+    windowed = results["windowed"]["records_per_second"]
+    timers = results["timers"]
+    pending = timers["checkpoint_while_timers_pending_ms"]
+    return {
+        "windowed_over_running_sum": round(
+            windowed / results["running_sum"]["records_per_second"], 2
+        ),
+        "windowed_over_running_sum_goal": 0.8,
+        "windowed_over_bytewax": round(windowed / results["bytewax"]["records_per_second"], 2),
+        "windowed_over_bytewax_goal": 3.0,
+        "windowed_over_quixstreams": round(
+            windowed / results["quixstreams"]["records_per_second"], 2
+        ),
+        "windowed_over_quixstreams_goal": 8.0,
+        "windows_exact": {
+            system: results[system]["check"]["exact"]
+            for system in ("windowed", "bytewax", "quixstreams")
+        },
+        "checkpoint_p99_ms_while_timers_pending": pending.get("p99"),
+        "checkpoint_p99_goal_ms": 1000,
+        "pending_timers": timers["pending_timers_at_end_of_input"],
+        "unaligned_checkpoint_during_firing_max_ms": results["timers_unaligned"][
+            "checkpoint_during_firing_max_ms"
+        ],
+        "unaligned_checkpoint_during_firing_goal_ms": 200,
+        "aligned_checkpoint_during_firing_max_ms": timers["checkpoint_during_firing_max_ms"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--timers-per-key", type=int, default=10)
     parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument(
+        "--runs",
+        default=",".join(RUNS),
+        help=f"the runs to make, comma-separated (default: all of {', '.join(RUNS)}); the "
+        "results file is written only when all are made",
+    )
     args = parser.parse_args()
+    runs = set(args.runs.split(","))
+    if runs - set(RUNS):
+        parser.error(f"--runs: unknown {sorted(runs - set(RUNS))}; known: {', '.join(RUNS)}")
+    if runs & {"bytewax", "quixstreams"} and not PEERS_PYTHON.exists():
+        parser.error(f"{PEERS_PYTHON} is missing: make bench installs it (make peers)")
     root = Path(tempfile.mkdtemp(prefix="sparkpoint-bench-time-"))
     codec = EventCodec()
     os.environ["SPARKPOINT_TOPIC_PREFIX"] = f"b{uuid.uuid4().hex[:8]}."
@@ -236,44 +430,20 @@ def main() -> None:
         service = start_coordinator(bootstrap, root)
         spark = spark_session("sparkpoint-bench-time", "local[2]")
         try:
-            results["timers"] = timers_run(
-                bootstrap, root, codec, spark, args.keys, args.timers_per_key
-            )
-            results["timers_unaligned"] = timers_run(
-                bootstrap, root, codec, spark, args.keys, args.timers_per_key, unaligned=True
-            )
-            topic = f"bench-time-payments-{uuid.uuid4().hex[:6]}"
-            generate(bootstrap, topic, args.records)
-            windows = WindowAggregate(
-                TumblingEventTimeWindows.of("10s"),
-                {"n": ("*", "count"), "total": ("amount", "sum")},
-                timestamp_column="ts",
-            )
-            results["windowed"] = throughput_run(
-                "windowed", windows, topic, args.records, bootstrap, root, codec, spark
-            )
-            results["running_sum"] = throughput_run(
-                "running-sum", RunningSum(), topic, args.records, bootstrap, root, codec, spark
-            )
+            for run, unaligned in (("timers", False), ("timers_unaligned", True)):
+                if run in runs:
+                    results[run] = timers_run(
+                        bootstrap, root, codec, spark, args.keys, args.timers_per_key, unaligned
+                    )
+            results |= windows_runs(runs, bootstrap, root, codec, spark, args.records)
         finally:
             spark.stop()
             service.stop()
             shutil.rmtree(root, ignore_errors=True)
-    windowed = results["windowed"]["records_per_second"]
-    running = results["running_sum"]["records_per_second"]
-    timers = results["timers"]
-    results["goals"] = {
-        "windowed_over_running_sum": round(windowed / running, 2),
-        "windowed_over_running_sum_goal": 0.8,
-        "checkpoint_p99_ms_with_pending_timers": timers["checkpoint_end_to_end_ms"].get("p99"),
-        "checkpoint_p99_goal_ms": 1000,
-        "pending_timers": timers["pending_timers_at_end_of_input"],
-        "unaligned_checkpoint_during_firing_max_ms": results["timers_unaligned"][
-            "checkpoint_during_firing_max_ms"
-        ],
-        "unaligned_checkpoint_during_firing_goal_ms": 200,
-        "aligned_checkpoint_during_firing_max_ms": timers["checkpoint_during_firing_max_ms"],
-    }
+    if runs != set(RUNS):
+        print(json.dumps(results, indent=1))
+        return
+    results["goals"] = goals(results)
     print(json.dumps(results["goals"], indent=1))
     write_results("time", results)
 
