@@ -62,7 +62,7 @@ def build(
     chosen = FileSink(output, guarantee) if sink == "files" else KafkaSink(output, guarantee)
     return replace(
         job,
-        source=KafkaSource([input_topic], bounded=bounded, max_records_per_partition=max_records),
+        source=replace(job.source, max_records_per_partition=max_records),
         sink=chosen,
     )
 

@@ -28,6 +28,7 @@ from sparkpoint.agent.rounds.user_code import UserCodeRaised
 from sparkpoint.agent.state.backend import encode_state
 from sparkpoint.agent.state.books import StateBackend, restored_file
 from sparkpoint.agent.state.runs import StateView
+from sparkpoint.agent.time.strategy import MAX_WATERMARK, MIN_WATERMARK
 from sparkpoint.agent.time.ttl import StateTtlConfig, ttl_state_name
 from sparkpoint.common.keygroups import KeyGroupRange, key_group, key_groups
 
@@ -53,14 +54,21 @@ def rounds(
     channel.mkdir()
     books = StateBackend(str(tmp_path / "state"), materialize_interval_s=materialize_interval_s)
     emitted: list[pd.DataFrame] = []
+    watermark = MIN_WATERMARK
     for number, rows in enumerate([*batches, []], start=1):
         names = [segment(channel, f"seg-{number}", rows)] if rows else []
         seq = books.seq(number)
         asked = books.subtask_state(EVERY_GROUP, seq, 0, float(number))
+        # the watermark a 1 s bounded out-of-orderness allows after the round (the final one at
+        # the end); any key group may hold a due timer
+        after = max(int(r["ts"]) for r in rows) - 1_001 if rows else MAX_WATERMARK  # type: ignore[call-overload]
         task = ProcessTask(
             0, str(channel), names, asked, books.run_path(seq, 0),
             str(tmp_path / f"out-{number}.arrow"), end_of_input=not rows, key="account",
+            watermark=watermark, watermark_after=max(watermark, after),
+            timer_groups=list(range(MAX_PARALLELISM)),
         )  # fmt: skip
+        watermark = max(watermark, after)
         result = process_subtask(task, function)  # type: ignore[arg-type]
         books.install(asked, result.written, seq, float(number))
         if result.output_path:
@@ -152,7 +160,12 @@ def test_only_a_function_with_an_end_of_input_hook_reads_all_its_state_at_the_en
     class NoHook(KeyedFunction):
         pass
 
-    assert has_end_of_input_hook(PaymentStats()) and not has_end_of_input_hook(NoHook())
+    class Hook(KeyedFunction):
+        def on_end_of_input(self, state: KeyedState) -> pd.DataFrame:
+            return pd.DataFrame()
+
+    assert has_end_of_input_hook(Hook()) and not has_end_of_input_hook(NoHook())
+    assert not has_end_of_input_hook(PaymentStats())  # its windows fire on the final watermark
 
 
 class CountsThatExpire(KeyedFunction):

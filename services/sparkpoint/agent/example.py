@@ -2,16 +2,18 @@
 
 Payment events ``{"id", "account", "amount", "ts"}`` (amount in cents; refunds are negative, and
 the job drops them) are keyed by account. For each account the job keeps a running total (value
-state) and counts payments per 10-second event-time tumbling window (map state: window start ->
-count). It emits:
+state) and counts payments per 10-second event-time tumbling window (the window library,
+`sparkpoint.agent.time.windows`: map state and an event-time timer per window). It emits:
 
 - ``{"kind": "total", "account", "id": payment id, "value": running total after it}`` per payment;
-- ``{"kind": "window", "account", "id": window start, "value": count}`` when a window closes: a
-  later window of the same account started, or the input ended (bounded runs).
+- ``{"kind": "window", "account", "id": window start, "value": count}`` when a window fires:
+  once the watermark (event time from ``ts``, 1 s of out-of-orderness allowed) passes the
+  window's end, also for an account that sends nothing more; a bounded input's end (or a
+  ``--drain``) fires the rest.
 
-Events of one account are in event-time order (one Kafka partition, generated in order), so the
-output does not depend on how records are batched: a plain-Python reference (`reference_output`)
-computes exactly what the job must commit.
+Events of one account are in event-time order (one Kafka partition, generated in order), so no
+payment is late and the output does not depend on how records are batched: a plain-Python
+reference (`reference_output`) computes exactly what the job must commit.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import random
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar
 
-import numpy as np
 import pandas as pd
 from confluent_kafka import Producer
 
@@ -34,10 +36,11 @@ from sparkpoint.agent.job import (
     KafkaSource,
     KeyedFunction,
     KeyedState,
-    MapState,
     StateDescriptor,
     ValueState,
 )
+from sparkpoint.agent.time.strategy import WatermarkStrategy
+from sparkpoint.agent.time.windows import TumblingEventTimeWindows, WindowAggregate
 from sparkpoint.common.kafka import make_admin, producer_config
 
 log = logging.getLogger(__name__)
@@ -55,62 +58,63 @@ def positive(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["amount"] > 0]
 
 
+WATERMARKS = WatermarkStrategy.for_bounded_out_of_orderness("1s").with_timestamp_column("ts")
+"""Event time from the payments' ``ts``, each partition's in order. No idleness: a partition that
+paused longer than an idle timeout would make its next payments late (dropped), and the
+reference counts every payment; `WatermarkStrategy.with_idleness` is there for jobs that prefer
+windows to fire through a silent partition."""
+
+
+def payment_windows() -> WindowAggregate:
+    """A count of payments per account and 10 s event-time tumbling window."""
+    return WindowAggregate(
+        TumblingEventTimeWindows.of(WINDOW_MS), {"value": ("*", "count")}, timestamp_column="ts"
+    )
+
+
 class PaymentStats(KeyedFunction):
+    """A running total per account (value state), and a count per account and 10 s window, on
+    the window library: each window fires once the watermark passes its end."""
+
     state: ClassVar[Mapping[str, StateDescriptor]] = {
         "total": ValueState("int64"),
-        "latest_window": ValueState("int64"),
-        "windows": MapState("int64", "int64"),
+        **payment_windows().state,
     }
+
+    @cached_property
+    def windows(self) -> WindowAggregate:
+        """The function's windows (made on first use, so that a subclass need not call this
+        class's ``__init__``)."""
+        return payment_windows()
 
     def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
         account = records["account"]
         base = account.map(state.value("total")).fillna(0).astype("int64")
         totals = base + records.groupby("account", sort=False)["amount"].cumsum().astype("int64")
         state.update_value("total", totals.groupby(account, sort=False).last())
-        emitted = [
-            pd.DataFrame(
-                {"kind": "total", "account": account, "id": records["id"], "value": totals}
-            )
-        ]
-
-        window = (records["ts"] // WINDOW_MS * WINDOW_MS).astype("int64")
-        counts = window.groupby([account, window]).size().astype("int64")
-        counts.index = counts.index.set_names(["key", "user_key"])
-        known = state.map("windows")
-        counts = counts.add(known.reindex(counts.index).fillna(0).astype("int64"))
-        state.put_in_map("windows", counts)
-        latest = window.groupby(account).max()
-        previous = state.value("latest_window").reindex(latest.index).astype("float64")
-        latest = pd.Series(
-            np.fmax(latest.to_numpy("float64"), previous.to_numpy()), index=latest.index
+        emitted = pd.DataFrame(
+            {"kind": "total", "account": account, "id": records["id"], "value": totals}
         )
-        state.update_value("latest_window", latest)
+        # no payment is late, and without allowed lateness no window fires on a record
+        fired = self.windows.process(records, state)
+        if not len(fired):
+            return emitted
+        return pd.concat([emitted, window_records(fired)], ignore_index=True)
 
-        windows = state.map("windows")
-        keys = windows.index.get_level_values(0)
-        starts = windows.index.get_level_values(1)
-        closed = windows[starts < keys.map(state.value("latest_window")).to_numpy()]
-        if len(closed):
-            emitted.append(window_records(closed))
-            state.remove_from_map("windows", closed.index)
-        return pd.concat(emitted, ignore_index=True)
-
-    def on_end_of_input(self, state: KeyedState) -> pd.DataFrame:
-        """The final watermark: every open window fires."""
-        windows = state.map("windows")
-        if not len(windows):
-            return pd.DataFrame()
-        state.remove_from_map("windows", windows.index)
-        return window_records(windows)
+    def on_timer(self, timers: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        return window_records(self.windows.on_timer(timers, state))
 
 
-def window_records(windows: pd.Series) -> pd.DataFrame:
+def window_records(fired: pd.DataFrame) -> pd.DataFrame:
+    """The window library's rows (account, window_start, window_end, value) as the job's."""
+    if not len(fired):
+        return pd.DataFrame()
     return pd.DataFrame(
         {
             "kind": "window",
-            "account": windows.index.get_level_values(0),
-            "id": windows.index.get_level_values(1).astype("int64"),
-            "value": windows.to_numpy().astype("int64"),
+            "account": fired["account"].to_numpy(dtype=object),
+            "id": fired["window_start"].to_numpy().astype("int64"),
+            "value": fired["value"].to_numpy().astype("int64"),
         }
     )
 
@@ -125,7 +129,7 @@ def example_job(
 ) -> Job:
     return Job(
         name=name,
-        source=KafkaSource([input_topic], bounded=bounded),
+        source=KafkaSource([input_topic], bounded=bounded, watermark_strategy=WATERMARKS),
         map=positive,
         key="account",
         function=PaymentStats(),
@@ -226,12 +230,13 @@ def generate(
 
 
 def reference_output(
-    events: Iterable[Payment], end_of_input: bool
+    events: Iterable[Payment], end_of_input: bool, watermark: int | None = None
 ) -> list[tuple[str, str, int, int]]:
-    """What the example job must commit, computed one event at a time in plain Python."""
+    """What the example job must commit, computed one event at a time in plain Python: every
+    payment's total, and the windows that fired: all of them at the end of the input, else
+    those whose end the ``watermark`` passed (None: none)."""
     totals: dict[str, int] = {}
-    windows: dict[str, dict[int, int]] = {}
-    latest: dict[str, int] = {}
+    windows: dict[tuple[str, int], int] = {}
     out: list[tuple[str, str, int, int]] = []
     for e in sorted(events, key=lambda p: p.id):
         if e.amount <= 0:
@@ -239,13 +244,8 @@ def reference_output(
         totals[e.account] = totals.get(e.account, 0) + e.amount
         out.append(("total", e.account, e.id, totals[e.account]))
         start = e.ts // WINDOW_MS * WINDOW_MS
-        open_windows = windows.setdefault(e.account, {})
-        open_windows[start] = open_windows.get(start, 0) + 1
-        latest[e.account] = max(latest.get(e.account, start), start)
-        for w in [w for w in open_windows if w < latest[e.account]]:
-            out.append(("window", e.account, w, open_windows.pop(w)))
-    if end_of_input:
-        for account, open_windows in windows.items():
-            for w, n in open_windows.items():
-                out.append(("window", account, w, n))
+        windows[e.account, start] = windows.get((e.account, start), 0) + 1
+    for (account, start), n in windows.items():
+        if end_of_input or (watermark is not None and start + WINDOW_MS - 1 <= watermark):
+            out.append(("window", account, start, n))
     return sorted(out)

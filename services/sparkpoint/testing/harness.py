@@ -41,7 +41,7 @@ from sparkpoint.agent.state import changelog
 from sparkpoint.agent.state.backend import read_file, write_file
 from sparkpoint.agent.state.books import StateBackend, StateFile, restored_file
 from sparkpoint.agent.state.runs import StateView, write
-from sparkpoint.agent.time.strategy import MIN_WATERMARK
+from sparkpoint.agent.time.strategy import MAX_WATERMARK, MIN_WATERMARK
 from sparkpoint.common.keygroups import (
     DEFAULT_MAX_PARALLELISM,
     KeyGroupRange,
@@ -164,8 +164,11 @@ class KeyedFunctionHarness:
         return self._round({})
 
     def end_input(self) -> pd.DataFrame:
-        """The input ended: every subtask runs its function's ``on_end_of_input`` over the state
-        of all its keys, as a bounded job's last round does (Flink's ``endInput``)."""
+        """The input ended, as a bounded job's last round does it: the final watermark fires
+        every event-time timer (Flink's ``MAX_WATERMARK`` at the end of a bounded source), then
+        every subtask runs its function's ``on_end_of_input`` over the state of all its keys
+        (Flink's ``endInput``)."""
+        self._watermarks = [MAX_WATERMARK for _ in self._watermarks]
         return self._round({}, end_of_input=True)
 
     # --- output and state ----------------------------------------------------------------------
