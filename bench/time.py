@@ -11,7 +11,8 @@ Runs:
   Spark had (2).
 - ``windowed`` against ``running_sum``: the same payments (``--records``, 1,000,000 by default)
   through a 10 s tumbling window (count and sum per account, `WindowAggregate`) and through a
-  running sum per account (value state), each run alone. Goal: windowed >= 0.8x running sum.
+  running sum per account (value state), each run alone, each twice in turns and the better
+  run of each kept (both in ``runs``). Goal: windowed >= 0.8x running sum.
 
 - ``timers_unaligned``: the same with unaligned checkpoints. Timers fire inside a round, and an
   unaligned checkpoint does not wait for the round in flight (it holds the state from before
@@ -351,21 +352,31 @@ def windows_runs(
     written = fill_payments(bootstrap, topic, records)
     reference = reference_windows(records)
     results: dict[str, Any] = {}
-    if "windowed" in runs:
-        windows = WindowAggregate(
-            TumblingEventTimeWindows.of("10s"),
-            {"n": ("*", "count"), "total": ("amount", "sum")},
-            timestamp_column="ts",
-        )
-        results["windowed"] = throughput_run(
-            "windowed", windows, topic, written, bootstrap, root, codec, spark
-        )
-        found = read_json(bootstrap, f"{topic}-windowed")
-        results["windowed"]["check"] = check_windows(found, reference)
-    if "running_sum" in runs:
-        results["running_sum"] = throughput_run(
-            "running-sum", RunningSum(), topic, written, bootstrap, root, codec, spark
-        )
+    windows = WindowAggregate(
+        TumblingEventTimeWindows.of("10s"),
+        {"n": ("*", "count"), "total": ("amount", "sum")},
+        timestamp_column="ts",
+    )
+    functions: dict[str, KeyedFunction] = {"windowed": windows, "running_sum": RunningSum()}
+    # each twice, in turns, the better run of each kept: one run of either varied by a third
+    # from one run to the next on this machine (another process's burst, the JVM's collector)
+    for attempt in (1, 2):
+        for name, function in functions.items():
+            if name not in runs:
+                continue
+            label = f"{name.replace('_', '-')}-{attempt}"
+            figures = throughput_run(label, function, topic, written, bootstrap, root, codec, spark)
+            if name == "windowed":
+                figures["check"] = check_windows(
+                    read_json(bootstrap, f"{topic}-{label}"), reference
+                )
+            kept = results.get(name)
+            every = [*(kept["runs"] if kept else []), figures["records_per_second"]]
+            if name == "windowed" and kept is not None:
+                figures["check"]["exact"] &= kept["check"]["exact"]  # exact in both runs
+            if kept is None or figures["records_per_second"] > kept["records_per_second"]:
+                kept = figures
+            results[name] = kept | {"runs": every}
     for system in ("bytewax", "quixstreams"):
         if system in runs:
             figures, output = peer_windows(system, bootstrap, topic, written, len(reference), root)
@@ -430,12 +441,12 @@ def main() -> None:
         service = start_coordinator(bootstrap, root)
         spark = spark_session("sparkpoint-bench-time", "local[2]")
         try:
+            results |= windows_runs(runs, bootstrap, root, codec, spark, args.records)
             for run, unaligned in (("timers", False), ("timers_unaligned", True)):
                 if run in runs:
                     results[run] = timers_run(
                         bootstrap, root, codec, spark, args.keys, args.timers_per_key, unaligned
                     )
-            results |= windows_runs(runs, bootstrap, root, codec, spark, args.records)
         finally:
             spark.stop()
             service.stop()
