@@ -384,6 +384,8 @@ def test_a_killed_agent_restored_from_latest_commits_exactly_the_reference(
     assert completed and min(completed) > used
 
 
+@pytest.mark.chaos  # `make chaos`: 45-56 s; in make test, test_state_budget rescales 2 -> 4 -> 1
+# with exact output and test_initial_state resumes a killed agent at parallelism 3
 def test_restores_with_parallelism_2_then_4_then_1_commit_exactly_the_reference(
     coordinator: Running, payments_topic: str, expected: list[Output]
 ) -> None:

@@ -147,6 +147,8 @@ def objects(url: str) -> list[str]:
     return s3fs.S3FileSystem(skip_instance_cache=True).find(url)
 
 
+@pytest.mark.chaos  # `make chaos`: 45-56 s; in make test, the S3 tests below cover the object
+# store paths, and the user project and test_initial_state a kill with a rescaled resume
 def test_everything_on_s3_through_a_kill_and_a_rescaled_restore(
     coordinator: Running, s3: S3Server, bucket: str, spark: Any, payments_topic: str,
     expected: list[Output], caplog: pytest.LogCaptureFixture,
