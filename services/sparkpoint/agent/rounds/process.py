@@ -311,12 +311,11 @@ def stored_timers(domain: TimerDomain, view: StateView, have: set[object]) -> pd
     table = view.folded_groups(domain.groups, only=domain.state_name).rows.get(domain.state_name)
     if table is None or not table.num_rows:
         return pd.DataFrame()
-    kh = table.column(changelog.KH).to_numpy()
     found = pd.DataFrame(
         {
             "key": np.asarray(table.column("key").to_numpy(zero_copy_only=False), dtype=object),
             "timestamp": table.column("user_key").to_numpy(zero_copy_only=False),
-            "group": (kh >> np.uint64(changelog.HASH_BITS)).astype(np.int64),
+            "group": changelog.groups_of(table.column(changelog.KH).to_numpy()),
         }
     )
     return found[~found["key"].isin(have)] if have else found

@@ -48,6 +48,12 @@ def positions(groups: np.ndarray, keys: np.ndarray) -> np.ndarray:
     return kh
 
 
+def groups_of(kh: np.ndarray) -> np.ndarray:
+    """The key group of each ``kh``."""
+    groups: np.ndarray = (kh >> np.uint64(HASH_BITS)).astype(np.int64)
+    return groups
+
+
 def group_bounds(group: int) -> tuple[np.uint64, np.uint64]:
     """The ``kh`` range of a key group: [low, high)."""
     return np.uint64(group << HASH_BITS), np.uint64((group + 1) << HASH_BITS)
@@ -77,7 +83,7 @@ class Run:
         found: set[int] = set()
         for table in [*self.rows.values(), *(self.replaced or {}).values()]:
             if table.num_rows:
-                found |= set((_kh(table) >> np.uint64(HASH_BITS)).astype(np.int64).tolist())
+                found |= set(groups_of(_kh(table)).tolist())
         return found
 
     def nbytes(self) -> int:
@@ -212,7 +218,7 @@ def lookup(
     kh = positions(np.asarray(groups)[first].astype(np.int64), unique_keys)
     order = np.argsort(kh, kind="stable")  # so that any subset of kh is sorted too
     kh, unique_keys = kh[order], unique_keys[order]
-    key_groups = (kh >> np.uint64(HASH_BITS)).astype(np.int64)
+    key_groups = groups_of(kh)
     index = pd.Index(unique_keys)
     collisions = len(_distinct(kh)) != len(kh)
 
@@ -378,18 +384,12 @@ def _lined_up(table: pa.Table, stamps: pa.Table) -> bool:
     return True
 
 
-def _slice(table: pa.Table, low: np.uint64, high: np.uint64) -> pa.Table:
-    kh = _kh(table)
-    start, end = np.searchsorted(kh, [low, high], "left")
-    return table.slice(int(start), int(end - start))
-
-
 def _slices(table: pa.Table | None, groups: Collection[int]) -> pa.Table | None:
     """The rows of ``table`` (sorted by ``kh``) in the key groups ``groups``: the table itself
     when they cover every key group it holds, else one filter."""
     if table is None or not groups or not table.num_rows:
         return None
-    held = (_kh(table) >> np.uint64(HASH_BITS)).astype(np.int64)
+    held = groups_of(_kh(table))
     wanted = np.fromiter(groups, dtype=np.int64, count=len(groups))
     if held[0] == held[-1]:  # one key group (a base, or a run of one)
         return table if held[0] in wanted else None
@@ -482,7 +482,7 @@ def _collisions(
 
 
 def _live(table: pa.Table, live: Collection[int]) -> pa.Array:
-    groups = (_kh(table) >> np.uint64(HASH_BITS)).astype(np.int64)
+    groups = groups_of(_kh(table))
     return pa.array(np.isin(groups, list(live)))
 
 
