@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sparkpoint.agent.job import KeyedState, ListState, MapState, ValueState
+from sparkpoint.agent.job import TIMERS, KeyedState, ListState, MapState, ValueState
 from sparkpoint.agent.state.backend import (
     decode_state,
     encode_state,
@@ -17,6 +17,7 @@ from sparkpoint.agent.state.backend import (
     read_file,
     write_file,
 )
+from sparkpoint.agent.time.ttl import StateTtlConfig, ttl_state_name
 
 DECLARED = {
     "total": ValueState("int64"),
@@ -41,7 +42,9 @@ def test_value_list_and_map_state_round_trip_through_one_arrow_file() -> None:
     assert decoded["windows"].dtype == "int64"
 
 
-def test_decoded_map_state_has_the_index_from_arrays_builds_and_empty_states_are_separate() -> None:
+def test_decoded_map_state_has_the_pairs_of_from_arrays_unsorted_and_empty_states_are_separate() -> (
+    None
+):
     keys = ["b", "a", "b", "c"]
     user_keys = [10_000, 0, 0, 5]
     windows = pd.Series([1, 2, 3, 4], index=pd.MultiIndex.from_arrays([keys, user_keys]))
@@ -52,8 +55,12 @@ def test_decoded_map_state_has_the_index_from_arrays_builds_and_empty_states_are
     expected = pd.MultiIndex.from_arrays([keys, user_keys], names=["key", "user_key"])
 
     assert decoded.index.equals(expected) and decoded.index.names == ["key", "user_key"]
-    assert [list(level) for level in decoded.index.levels] == [["a", "b", "c"], [0, 5, 10_000]]
     assert decoded.loc[("b", 0)] == 3 and decoded.index.is_unique
+    # its levels are not sorted (sorting keys is the slow part of building it), and it says so:
+    # a range .loc raises instead of slicing by the order of the levels
+    with pytest.raises(pd.errors.UnsortedIndexError):
+        decoded.loc["a":"b"]
+    assert decoded.sort_index().loc["a":"b"].tolist() == [2, 3, 1]
     # states the file does not hold come back empty, each its own object
     first, second = (decode_state(encode_state({}), DECLARED) for _ in range(2))
     first["total"].name = "renamed"
@@ -83,6 +90,31 @@ def test_updates_replace_only_the_keys_given() -> None:
     assert state.list("recent").tolist() == [9.0]
     assert len(state.map("windows")) == 0
     assert state.changed == {"total", "recent", "windows"}
+
+
+def test_pop_from_map_reads_and_removes_in_one_lookup_and_timers_pop_when_due() -> None:
+    declared = {"windows": MapState("int64", "int64", ttl=StateTtlConfig.new_builder("1s").build())}
+    state = KeyedState(
+        declared | {TIMERS: MapState("int64", "bool")}, {}, current_processing_time=5
+    )
+    entries = pd.MultiIndex.from_tuples([("a", 0), ("a", 10), ("b", 0)])
+    state.put_in_map("windows", pd.Series([1, 2, 3], index=entries))
+    asked = pd.MultiIndex.from_tuples([("b", 0), ("c", 0), ("a", 0)])
+    popped = state.pop_from_map("windows", asked)
+    assert popped.index.equals(asked)
+    assert popped.iloc[0] == 3 and pd.isna(popped.iloc[1]) and popped.iloc[2] == 1
+    assert state.map("windows").index.tolist() == [("a", 10)] and state.map("windows").tolist() == [
+        2
+    ]
+    stamps = state.frames()[ttl_state_name("windows")]  # the TTL stamps follow, entry for entry
+    assert stamps.index.tolist() == [("a", 10)]
+    assert state.pop_from_map("windows", pd.MultiIndex.from_tuples([("z", 1)])).isna().all()
+
+    state.register_event_time_timers(pd.Series([5, 9, 7], index=["a", "a", "b"]))
+    due = state.pop_due_timers(TIMERS, 7)
+    assert sorted(zip(due.index, due, strict=True)) == [("a", 5), ("b", 7)]
+    assert state.event_time_timers().to_dict() == {"a": 9}
+    assert state.pop_due_timers(TIMERS, 8).empty and TIMERS in state.changed
 
 
 def test_using_a_state_as_another_kind_or_undeclared_is_an_error() -> None:

@@ -65,7 +65,9 @@ def test_a_window_is_emitted_once_when_the_watermark_passes_its_end() -> None:
         {"account": "b", "window_start": 0, "window_end": 10, "n": 1, "total": 4.0},
     ]
     assert fire(function, state, 9).empty, "fired once"
-    assert state.map("window:n").index.get_level_values(1).tolist() == [10]  # a's next window
+    # a's next window [10, 20): its count and sum at 10 * 2 and 10 * 2 + 1
+    assert state.map("window").index.get_level_values(1).tolist() == [20, 21]
+    assert state.map("window").tolist() == [1.0, 8.0]
 
 
 def test_late_records_are_dropped_counted_and_emitted_aside_when_asked() -> None:
@@ -89,7 +91,7 @@ def test_allowed_lateness_fires_again_for_a_late_record_then_cleans_up() -> None
     again = function.process(pd.DataFrame({"account": ["a"], "ts": [2]}), state)
     assert again[["window_start", "n"]].to_dict("records") == [{"window_start": 0, "n": 2}]
     assert fire(function, state, 14).empty  # the cleanup timer: nothing emitted, state gone
-    assert state.map("window:n").empty
+    assert state.map("window").empty
     state.current_watermark = 15
     function.process(pd.DataFrame({"account": ["a"], "ts": [3]}), state)
     assert function.late_records == 1
@@ -187,3 +189,47 @@ def test_sessions_merge_as_flinks_merging_of_time_windows(seed: int) -> None:
             assert all(
                 m[0] <= starts[i] < m[1] or m[0] <= starts[i] <= m[1] for m in merged if m[0] == low
             )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_every_aggregate_over_rounds_matches_pandas_groupby(seed: int) -> None:
+    """count, sum, min and max of sliding windows over several rounds (NaN amounts among
+    them), emitted at the final watermark, against one pandas groupby over all the records."""
+    rng = np.random.default_rng(seed)
+    function = WindowAggregate(
+        SlidingEventTimeWindows.of(20, 10),
+        {
+            "n": ("*", "count"),
+            "total": ("amount", "sum"),
+            "low": ("amount", "min"),
+            "high": ("amount", "max"),
+        },
+        "ts",
+    )
+    amounts = rng.integers(-50, 50, 120).astype("float64")
+    amounts[rng.random(120) < 0.2] = np.nan
+    records = pd.DataFrame(
+        {
+            "account": rng.choice(["a", "b", "c", "d"], 120),
+            "ts": np.sort(rng.integers(0, 100, 120)),
+            "amount": amounts,
+        }
+    )
+    state: KeyedState | None = None
+    for start in range(0, 120, 30):
+        state = state_for(function, -(2**63), state)
+        part = records.iloc[start : start + 30].reset_index(drop=True)
+        assert function.process(part, state).empty
+    assert state is not None
+    out = fire(function, state, 10**6).set_index(["account", "window_start"]).sort_index()
+    rows, starts = assign(function.windows, records["ts"].to_numpy())  # type: ignore[arg-type]
+    each = records.iloc[rows].assign(window_start=starts)
+    want = (
+        each.groupby(["account", "window_start"])["amount"]
+        .agg(n="size", total="sum", low="min", high="max")
+        .sort_index()
+    )
+    assert out["n"].tolist() == want["n"].tolist()
+    for name in ("total", "low", "high"):
+        np.testing.assert_allclose(out[name].to_numpy(), want[name].to_numpy(), equal_nan=True)
+    assert (out["window_end"] - out.index.get_level_values(1) == 20).all()

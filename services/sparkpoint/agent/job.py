@@ -251,6 +251,22 @@ class KeyedState:
     def remove_from_map(self, name: str, index: pd.MultiIndex) -> None:
         self._remove(name, MapState, index)
 
+    def pop_from_map(self, name: str, index: pd.MultiIndex) -> pd.Series:
+        """The values of the entries ``index`` names (NaN where there is none, as
+        ``map(name).reindex(index)``), which are then removed: one lookup for a read and a
+        removal (Python's ``dict.pop``)."""
+        current = self._read(name, MapState)
+        at = current.index.get_indexer(index)
+        found = at >= 0
+        values = pd.Series(np.nan, index=index, dtype="float64")
+        if found.any():
+            values = current.iloc[np.where(found, at, 0)].set_axis(index).where(found)
+            kept = np.ones(len(current), dtype=bool)
+            kept[at[found]] = False
+            self._set(name, current[kept])
+            self._follow(name, kept=kept)
+        return values
+
     # timers (kept as keyed state, per key group)
     def event_time_timers(self) -> pd.Series:
         """The pending event-time timers of the keys given: timestamps (ms) indexed by key, a
@@ -290,6 +306,20 @@ class KeyedState:
         """Deletes the timers given (timestamps indexed by key); unknown ones are ignored."""
         self._remove(TIMERS, MapState, self._timer_index(timers, TIMERS))
 
+    def pop_due_timers(self, name: str, until: int) -> pd.Series:
+        """Stage 2's firing: the pending timers of state ``name`` (`TIMERS` or
+        `PROCESSING_TIMERS`) at or below ``until``, as `event_time_timers` gives them, which
+        are then deleted."""
+        timers = self._timers(name)
+        stamps = timers.index.get_level_values(1).to_numpy(dtype="int64")
+        due = stamps <= until
+        keys = timers.index.get_level_values(0)[due]
+        if due.any():
+            self._set(name, timers[~due])
+        return pd.Series(
+            stamps[due], index=pd.Index(keys, name="key"), name="timestamp", dtype="int64"
+        )
+
     def _timers(self, name: str) -> pd.Series:
         if name not in self.declared:
             raise TypeError("timers need a keyed function that defines on_timer")
@@ -297,10 +327,8 @@ class KeyedState:
 
     def _timer_index(self, timers: pd.Series, name: str) -> pd.MultiIndex:
         self._timers(name)
-        stamps = pd.Index(pd.to_numeric(timers, downcast=None).astype("int64"))
-        return pd.MultiIndex.from_arrays(
-            [pd.Index(timers.index, dtype=object), stamps], names=["key", "user_key"]
-        )
+        stamps = pd.to_numeric(timers, downcast=None).to_numpy().astype("int64")
+        return entry_index(np.asarray(timers.index, dtype=object), stamps)
 
     def _set(self, name: str, series: pd.Series) -> None:
         series.name = name
@@ -321,6 +349,23 @@ class KeyedState:
 
     def frames(self) -> dict[str, pd.Series]:
         return dict(self._series)
+
+
+def entry_index(keys: np.ndarray, user_keys: np.ndarray) -> pd.MultiIndex:
+    """(key, user key) pairs as a map state's index. Its levels are factorized, not sorted
+    (``MultiIndex.from_arrays`` sorts them, and sorting a round's keys cost several times the
+    rest of a lookup), and it says it is not sorted (``sortorder=0``): a range ``.loc`` on it
+    raises pandas' UnsortedIndexError (``sort_index()`` first) rather than slicing by the
+    order of its levels."""
+    key_codes, key_levels = pd.factorize(np.asarray(keys, dtype=object))
+    user_codes, user_levels = pd.factorize(user_keys)
+    return pd.MultiIndex(
+        levels=[pd.Index(key_levels, dtype=object), pd.Index(user_levels)],
+        codes=[key_codes, user_codes],
+        names=["key", "user_key"],
+        sortorder=0,
+        verify_integrity=False,
+    )
 
 
 TIMERS = "__event_timers__"

@@ -276,14 +276,10 @@ def fire_timers(
             done.keys = np.concatenate([np.asarray(done.keys, dtype=object), new_keys])
             done.groups = np.concatenate([done.groups, new_groups])
             others = others[~others["key"].isin(set(new_keys.tolist()))]
-    event_time = domain.label == EVENT_TIME
-    pending = state.event_time_timers if event_time else state.processing_time_timers
-    delete = state.delete_event_time_timers if event_time else state.delete_processing_time_timers
-    if event_time:
+    if domain.label == EVENT_TIME:
         state.current_watermark = watermark
     for _ in range(MAX_FIRINGS):
-        timers = pending()
-        due_now = timers[timers <= watermark]
+        due_now = state.pop_due_timers(domain.state_name, watermark)
         if not len(due_now):
             break
         order = np.argsort(due_now.to_numpy(), kind="stable")
@@ -294,9 +290,11 @@ def fire_timers(
                 "time_domain": domain.label,
             }
         )
-        delete(due_now)
         done.count += len(frame)
         done.outputs.append(user_code(function.on_timer, frame, state))
+    pending = (
+        state.event_time_timers if domain.label == EVENT_TIME else state.processing_time_timers
+    )
     earliest = earliest_timers(pending(), done, others)
     scanned = set(domain.groups)
     done.exact[domain.label] = {g: earliest.get(g) for g in scanned}

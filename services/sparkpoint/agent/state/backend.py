@@ -16,12 +16,11 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 
 import fsspec
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from sparkpoint.agent.job import MapState, StateDescriptor, empty_series
+from sparkpoint.agent.job import MapState, StateDescriptor, empty_series, entry_index
 from sparkpoint.common.storage import by_bucket, is_object_store, put_whole
 
 log = logging.getLogger(__name__)
@@ -84,24 +83,11 @@ def table_series(name: str, table: pa.Table, descriptor: StateDescriptor) -> pd.
     values = table.column("value").to_numpy(zero_copy_only=False)
     if isinstance(descriptor, MapState):
         user_keys = table.column("user_key").to_numpy(zero_copy_only=False)
-        index: pd.Index = map_index(keys, user_keys)
+        index: pd.Index = entry_index(keys, user_keys)
     else:
         index = pd.Index(keys, name="key")
     series = pd.Series(values, index=index, name=name, copy=False)
     return series.astype(descriptor.dtype, copy=False)
-
-
-def map_index(keys: np.ndarray, user_keys: np.ndarray) -> pd.MultiIndex:
-    """The (key, user key) index of map state: what ``MultiIndex.from_arrays`` builds (sorted
-    levels), in a third of its time (it factorizes through Categorical)."""
-    key_codes, key_levels = pd.factorize(keys, sort=True)
-    user_codes, user_levels = pd.factorize(user_keys, sort=True)
-    return pd.MultiIndex(
-        levels=[key_levels, user_levels],
-        codes=[key_codes, user_codes],
-        names=["key", "user_key"],
-        verify_integrity=False,
-    )
 
 
 # --- segments of merged files (file merging, FLIP-306) ------------------------------------------

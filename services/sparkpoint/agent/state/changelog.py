@@ -290,25 +290,46 @@ def changes(
     """The change run of one round. The function was given ``keys`` (their key groups:
     ``groups``) with their state ``before``; for each state in ``changed``, the keys that had
     rows before or have rows ``after`` are replaced by their rows after (none: deleted).
-    ``after`` may hold rows of the given keys only: another key raises KeyError naming it."""
-    unique_keys, first = np.unique(np.asarray(keys, dtype=object), return_index=True)
-    group_of = pd.Series(np.asarray(groups)[first], index=unique_keys)
+    ``after`` may hold rows of the given keys only: another key raises KeyError naming it.
+
+    The keys are hashed and converted to Arrow once per round, not once per state: each
+    state's rows find their key's place among the round's keys by one hash lookup."""
+    given = pd.Index(np.asarray(keys, dtype=object))
+    first = ~given.duplicated()
+    index = given[first]
+    kh = positions(np.asarray(groups)[first].astype(np.int64), index.to_numpy())
+    arrow_keys = pa.array(index.to_numpy())
     rows: dict[str, pa.Table] = {}
     replaced: dict[str, pa.Table] = {}
     for name in sorted(changed):
         series = after[name]
         row_keys = _keys(series)
-        row_groups = group_of.reindex(row_keys)
-        if row_groups.isna().any():
-            raise KeyError(row_keys[row_groups.isna().to_numpy()][0])
-        rows[name] = to_table(series, row_groups.to_numpy().astype(np.int64))
+        at = index.get_indexer(row_keys)
+        if len(at) and (at < 0).any():
+            raise KeyError(row_keys[at < 0][0])
+        rows[name] = _table_at(series, at, kh, arrow_keys)
         # replaced by no rows: the keys that had rows before and have none after
-        emptied = pd.Index(pd.unique(_keys(before[name]))).difference(pd.Index(row_keys))
-        emptied_keys = np.asarray(emptied, dtype=object)
-        replaced[name] = keys_table(
-            emptied_keys, group_of.reindex(emptied_keys).to_numpy().astype(np.int64)
-        )
+        had = np.zeros(len(index), dtype=bool)
+        earlier = index.get_indexer(_keys(before[name]))
+        had[earlier[earlier >= 0]] = True
+        had[at] = False
+        emptied = np.flatnonzero(had)
+        emptied = emptied[np.argsort(kh[emptied], kind="stable")]
+        replaced[name] = pa.table({KH: pa.array(kh[emptied]), "key": arrow_keys.take(emptied)})
     return Run(rows, replaced)
+
+
+def _table_at(series: pd.Series, at: np.ndarray, kh: np.ndarray, keys: pa.Array) -> pa.Table:
+    """`to_table` for rows whose keys are at ``at`` among a round's keys (``kh`` and Arrow
+    ``keys`` per key)."""
+    row_kh = kh[at]
+    order = np.argsort(row_kh, kind="stable")
+    columns: dict[str, pa.Array] = {KH: pa.array(row_kh[order]), "key": keys.take(at[order])}
+    index = series.index
+    if isinstance(index, pd.MultiIndex):
+        columns["user_key"] = pa.array(index.get_level_values(1).to_numpy()[order])
+    columns["value"] = pa.array(series.to_numpy()[order])
+    return pa.table(columns)
 
 
 def _keys(series: pd.Series) -> np.ndarray:

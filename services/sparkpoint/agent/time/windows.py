@@ -11,8 +11,11 @@ whole or a subclass extends::
 
 A record goes to every window it falls in (one when tumbling, ``size / slide`` when sliding;
 sessions merge as it joins them: `EventTimeSessionWindows`).
-Each window's aggregates are kept per key as map state (key, window start) and emitted once the
-watermark passes the window's end: one row per key and window, with the key column,
+A window's aggregates are kept together per key in one map state, ``window``: its user key is
+the window start times the number of aggregates plus the aggregate's position (a window of a
+count and a sum starting at 10,000 keeps its count at 20,000 and its sum at 20,001), so that a
+round reads and writes one state, not one per aggregate. A window is emitted once the
+watermark passes its end: one row per key and window, with the key column,
 ``window_start``, ``window_end`` (exclusive) and the aggregates. With allowed lateness, a
 record that arrives after its window fired but within the lateness updates the window and emits
 it again at once (Flink's default trigger fires again for each late element); the window's
@@ -37,14 +40,17 @@ from sparkpoint.agent.job import (
     KeyedState,
     MapState,
     StateDescriptor,
+    entry_index,
 )
 from sparkpoint.agent.time.strategy import event_times
 from sparkpoint.common.options import parse_duration
 
 AGGREGATES = ("count", "sum", "min", "max")
+"""What a window keeps per aggregate; ``mean`` is not kept (a sum and a count give it)."""
+WINDOW = "window"
+"""The map state of every window's aggregates: (key, start * aggregates + position) -> value."""
 SESSION_END = "session:end"
 """Session windows: (key, session start) -> its end (exclusive: its last record + the gap)."""
-"""What a window keeps per aggregate; ``mean`` is not kept (a sum and a count give it)."""
 
 
 @dataclass(frozen=True)
@@ -139,11 +145,9 @@ class WindowAggregate(KeyedFunction):
         self.late_output = late_output
         """A side output of the sink (`KafkaSink.side_outputs`) late records go to."""
         self.late_records = 0
-        # one map state per aggregate, (key, window start) -> value: declared per instance,
-        # as its aggregates are (KeyedFunction.state is read from the function, not its class)
-        self.state = {  # type: ignore[misc]
-            f"window:{n}": MapState("int64", "float64") for n in self.aggregates
-        }
+        self.hows = [how for _, how in self.aggregates.values()]
+        # declared per instance (KeyedFunction.state is read from the function, not its class)
+        self.state = {WINDOW: MapState("int64", "float64")}  # type: ignore[misc]
         if isinstance(windows, EventTimeSessionWindows):
             self.state[SESSION_END] = MapState("int64", "int64")
 
@@ -162,19 +166,15 @@ class WindowAggregate(KeyedFunction):
         rows, starts, ends = rows[~late], starts[~late], ends[~late]
         if not len(rows):
             return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
-        keys = records[key_column].to_numpy(dtype=object)[rows]
-        frame = pd.DataFrame({"key": keys, "user_key": starts})
-        for name, (column, _) in self.aggregates.items():
-            frame[name] = records[column].to_numpy()[rows] if column != "*" else 1
-        grouped = frame.groupby(["key", "user_key"], sort=False)
-        index: pd.MultiIndex | None = None
-        for name, (_, how) in self.aggregates.items():
-            part = grouped[name].agg("size" if how == "count" else how).astype("float64")
-            index = part.index
-            known = state.map(f"window:{name}").reindex(part.index)
-            merged = combine(how, known, part)
-            state.put_in_map(f"window:{name}", merged)
-        assert index is not None
+        group, index = window_groups(records[key_column].to_numpy(dtype=object)[rows], starts)
+        parts = np.column_stack(
+            [
+                aggregate(how, group, len(index), None if column == "*" else records[column], rows)
+                for column, how in self.aggregates.values()
+            ]
+        )
+        merged = combine(self.hows, self.values(index, state), parts)
+        state.put_in_map(WINDOW, pd.Series(merged.ravel(), index=self.entries(index)))
         window_ends = index.get_level_values(1).to_numpy() + self.windows.size_ms
         timers = pd.Series(window_ends - 1, index=index.get_level_values(0))
         fired_late = window_ends - 1 <= watermark  # within the lateness: emitted again now
@@ -182,7 +182,7 @@ class WindowAggregate(KeyedFunction):
         if self.lateness_ms:
             state.register_event_time_timers(timers + self.lateness_ms)
         if fired_late.any():
-            out.append(self.emit(index[fired_late], state, key_column))
+            out.append(self.emit(index[fired_late], state, key_column, values=merged[fired_late]))
         return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
     # --- timers -------------------------------------------------------------------------------------
@@ -195,20 +195,17 @@ class WindowAggregate(KeyedFunction):
         keys = timers[key_column].to_numpy(dtype=object)
         size, lateness = self.windows.size_ms, self.lateness_ms
         # a timer at end - 1 fires the window; at end - 1 + lateness it cleans it up
-        fire_index = pd.MultiIndex.from_arrays([keys, stamps + 1 - size], names=["key", "user_key"])
-        first = next(iter(self.aggregates))
-        present = state.map(f"window:{first}").reindex(fire_index).notna().to_numpy()
-        out = pd.DataFrame()
-        if present.any():
-            out = self.emit(fire_index[present], state, key_column)
-        if lateness:
-            clean = pd.MultiIndex.from_arrays(
-                [keys, stamps + 1 - size - lateness], names=["key", "user_key"]
-            )
-            self.clear(clean, state)
-        else:
-            self.clear(fire_index, state)
-        return out
+        fire_index = window_index(keys, stamps + 1 - size)
+        if lateness:  # the window stays until its cleanup timer
+            values = self.values(fire_index, state)
+            self.clear(window_index(keys, stamps + 1 - size - lateness), state)
+        else:  # read and removed in one lookup
+            popped = state.pop_from_map(WINDOW, self.entries(fire_index)).to_numpy()
+            values = popped.reshape(len(fire_index), len(self.aggregates))
+        present = ~np.isnan(values[:, 0])
+        if not present.any():
+            return pd.DataFrame()
+        return self.emit(fire_index[present], state, key_column, values=values[present])
 
     def late(self, records: pd.DataFrame, late_rows: np.ndarray) -> list[pd.DataFrame]:
         """Records too late for any window of theirs: counted, and emitted with ``late`` true
@@ -230,13 +227,16 @@ class WindowAggregate(KeyedFunction):
         state: KeyedState,
         key_column: str,
         ends: np.ndarray | None = None,
+        values: np.ndarray | None = None,
     ) -> pd.DataFrame:
         """One row per (key, window start) of ``index``: its bounds and aggregates (``ends``:
-        the windows' ends, for sessions)."""
+        the windows' ends, for sessions; ``values``: the aggregates, when already read)."""
         starts = index.get_level_values(1).to_numpy()
         if ends is None:
             assert not isinstance(self.windows, EventTimeSessionWindows)
             ends = starts + self.windows.size_ms
+        if values is None:
+            values = self.values(index, state)
         out = pd.DataFrame(
             {
                 key_column: index.get_level_values(0).to_numpy(dtype=object),
@@ -244,14 +244,37 @@ class WindowAggregate(KeyedFunction):
                 "window_end": ends,
             }
         )
-        for name, (_, how) in self.aggregates.items():
-            values = state.map(f"window:{name}").reindex(index).to_numpy()
-            out[name] = values.astype("int64") if how == "count" else values
+        for i, (name, (_, how)) in enumerate(self.aggregates.items()):
+            out[name] = values[:, i].astype("int64") if how == "count" else values[:, i]
         return out
 
+    def entries(self, index: pd.MultiIndex) -> pd.MultiIndex:
+        """The ``WINDOW`` entries of the windows (key, start) of ``index``: each window's
+        aggregates in order, built from its codes (no key is hashed again)."""
+        width = len(self.aggregates)
+        positions = np.arange(width, dtype=np.int64)
+        starts = np.asarray(index.levels[1], dtype=np.int64)
+        return pd.MultiIndex(
+            levels=[index.levels[0], (starts[:, None] * width + positions).ravel()],
+            codes=[
+                np.repeat(index.codes[0], width),
+                (np.asarray(index.codes[1], dtype=np.int64)[:, None] * width + positions).ravel(),
+            ],
+            names=["key", "user_key"],
+            verify_integrity=False,
+        )
+
+    def values(self, index: pd.MultiIndex, state: KeyedState) -> np.ndarray:
+        """The aggregates of the windows of ``index``, one row per window (NaN: no such
+        window)."""
+        found = state.map(WINDOW).reindex(self.entries(index)).to_numpy(dtype="float64")
+        values: np.ndarray = found.reshape(len(index), len(self.aggregates))
+        return values
+
     def clear(self, index: pd.MultiIndex, state: KeyedState) -> None:
-        for name in self.state:
-            state.remove_from_map(name, index)
+        state.remove_from_map(WINDOW, self.entries(index))
+        if SESSION_END in self.state:
+            state.remove_from_map(SESSION_END, index)
 
     # --- session windows ----------------------------------------------------------------------------
 
@@ -302,20 +325,24 @@ class WindowAggregate(KeyedFunction):
         merged = both[both["row"] < 0]
         old_index = session_index(merged["key"], merged["start"])
         new_index = session_index(bounds["key"], bounds["start"])
-        for name, (column, how) in self.aggregates.items():
-            kept = state.map(f"window:{name}").reindex(old_index).to_numpy()
-            rows = both["row"].to_numpy()
-            fresh = rows >= 0
+        rows = both["row"].to_numpy()
+        fresh = rows >= 0
+        kept = self.values(old_index, state)
+        totals = []
+        for i, (column, how) in enumerate(self.aggregates.values()):
             values = np.empty(len(both), dtype="float64")
-            values[~fresh] = kept
+            values[~fresh] = kept[:, i]
             if column == "*":
                 values[fresh] = 1.0
             else:
                 values[fresh] = records[column].to_numpy(dtype="float64")[rows[fresh]]
             part = pd.Series(values).groupby(both["session"].to_numpy(), sort=False)
-            total = part.agg("sum" if how == "count" else how).reindex(bounds.index)
-            self.clear_one(f"window:{name}", old_index, state)
-            state.put_in_map(f"window:{name}", pd.Series(total.to_numpy(), index=new_index))
+            totals.append(
+                part.agg("sum" if how == "count" else how).reindex(bounds.index).to_numpy()
+            )
+        self.clear_one(WINDOW, self.entries(old_index), state)
+        values = np.column_stack(totals).ravel()
+        state.put_in_map(WINDOW, pd.Series(values, index=self.entries(new_index)))
         self.clear_one(SESSION_END, old_index, state)
         state.put_in_map(SESSION_END, pd.Series(bounds["end"].to_numpy(), index=new_index))
         self.move_timers(state, merged["key"], merged["end"], bounds)
@@ -389,15 +416,58 @@ def merged_sessions(intervals: pd.DataFrame) -> np.ndarray:
 
 
 def session_index(keys: pd.Series, starts: pd.Series) -> pd.MultiIndex:
-    return pd.MultiIndex.from_arrays(
-        [pd.Index(keys.to_numpy(dtype=object)), pd.Index(starts.to_numpy(dtype=np.int64))],
+    return window_index(keys.to_numpy(dtype=object), starts.to_numpy(dtype=np.int64))
+
+
+def window_index(keys: np.ndarray, starts: np.ndarray) -> pd.MultiIndex:
+    """(key, window start) pairs as an index."""
+    return entry_index(np.asarray(keys, dtype=object), np.asarray(starts, dtype=np.int64))
+
+
+def window_groups(keys: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, pd.MultiIndex]:
+    """Each row's window (key, start) as a number, and the windows as an index in that order
+    (first seen first): factorized codes, no groupby."""
+    key_codes, key_levels = pd.factorize(keys)
+    start_codes, start_levels = pd.factorize(starts)
+    width = max(len(start_levels), 1)
+    group, pairs = pd.factorize(key_codes.astype(np.int64) * width + start_codes)
+    index = pd.MultiIndex(
+        levels=[pd.Index(key_levels, dtype=object), pd.Index(start_levels, dtype=np.int64)],
+        codes=[pairs // width, pairs % width],
         names=["key", "user_key"],
+        sortorder=0,
+        verify_integrity=False,
     )
+    return group, index
 
 
-def combine(how: str, known: pd.Series, part: pd.Series) -> pd.Series:
-    """A window's kept aggregate with a round's part of it."""
-    if how in ("count", "sum"):
-        return known.fillna(0.0) + part
-    pick = np.fmin if how == "min" else np.fmax
-    return pd.Series(pick(known.to_numpy(), part.to_numpy()), index=part.index)
+def aggregate(
+    how: str, group: np.ndarray, windows: int, column: pd.Series | None, rows: np.ndarray
+) -> np.ndarray:
+    """One aggregate per window of the rows ``rows`` of ``column`` (None: ``*``), ``group``
+    naming each row's window, as pandas' groupby gives it (a count counts rows, a sum skips
+    NaN, a min or max of NaN only is NaN)."""
+    if how == "count":
+        counted: np.ndarray = np.bincount(group, minlength=windows).astype(np.float64)
+        return counted
+    assert column is not None
+    values = column.to_numpy(dtype=np.float64, na_value=np.nan)[rows]
+    if how == "sum":
+        summed: np.ndarray = np.bincount(group, weights=np.nan_to_num(values), minlength=windows)
+        return summed
+    picked = np.full(windows, np.nan)
+    (np.fmin if how == "min" else np.fmax).at(picked, group, values)
+    return picked
+
+
+def combine(hows: list[str], known: np.ndarray, part: np.ndarray) -> np.ndarray:
+    """Windows' kept aggregates (NaN: none yet) with a round's part of them: a column per
+    aggregate."""
+    merged = np.empty_like(part)
+    for i, how in enumerate(hows):
+        if how in ("count", "sum"):
+            merged[:, i] = np.nan_to_num(known[:, i]) + part[:, i]
+        else:
+            pick = np.fmin if how == "min" else np.fmax
+            merged[:, i] = pick(known[:, i], part[:, i])
+    return merged
