@@ -27,7 +27,13 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from sparkpoint.agent.example import Payment, ensure_topic, payments, reference_output
+from sparkpoint.agent.example import (
+    Payment,
+    ensure_topic,
+    generate,
+    payments,
+    reference_output,
+)
 from sparkpoint.agent.job import KafkaSource
 from sparkpoint.agent.rounds.fetch import FetchTask, read_ranges
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
@@ -279,6 +285,31 @@ def test_max_offsets_per_trigger_bounds_a_round_over_every_partition(kafka: Kafk
 
 
 # --- a job on live input -----------------------------------------------------------------------------
+
+
+DEBLOAT = "taskmanager.network.memory.buffer-debloat."
+
+
+def test_buffer_debloating_bounds_each_read_to_what_the_keyed_stage_does_in_its_target(
+    coordinator: Running, spark: Any
+) -> None:
+    """With debloating on, a round reads what the keyed stage processes in the target time
+    (its rate measured from the stage-2 tasks), below the source's own bound while a backlog
+    is read, and the output stays exact."""
+    topic, output, records = new_topic(coordinator.bootstrap), unique("stats"), 16_000
+    ensure_topic(coordinator.bootstrap, output)
+    assert generate(coordinator.bootstrap, topic, records) == records
+    settings = {DEBLOAT + "enabled": "true", DEBLOAT + "target": "5 ms"}
+    job = build(unique("debloat"), topic, output, max_records=1_000, settings=settings)
+    agent = in_process(job, coordinator, spark)
+    assert agent.run() is JobStatus.FINISHED
+
+    reads = list(agent.stages.bounded_reads)
+    assert reads, "the keyed stage's rate was measured and bounded the reads after it"
+    assert all(largest <= bound for bound, largest in reads), reads
+    assert len(reads) > 1 and max(bound for bound, _ in reads) < 1_000, reads  # below its own
+    got = read_output(coordinator.bootstrap, output)
+    assert got == reference_output(payments(records), end_of_input=True), "exact"
 
 
 def committed_seen(

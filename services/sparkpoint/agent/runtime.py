@@ -172,6 +172,8 @@ class Agent:
             job.key, self.max_parallelism, self.ranges, self.channel_dir,
             self.places.state_dir, self.places.sink_dir, self.options.max_rows_per_round,
             properties,
+            self.config.buffer_debloat_target_ms if self.config.buffer_debloat else None,
+            self.config.buffer_debloat_samples,
         )  # fmt: skip
 
     # --- what tests, benchmarks and the command line read ------------------------------------

@@ -120,6 +120,10 @@ OPTIONS_LIST: tuple[Option, ...] = (
     Option(C + "file-merging.pool-blocking", Kind.BOOLEAN, "false", "blocking pool of merged files", None, NOT_HERE + ": each subtask's copies are written by one task, no pool"),
     Option(C + "file-merging.max-subtasks-per-file", Kind.INTEGER, "4", "subtasks sharing one merged file", None, NOT_HERE + ": one subtask per merged file (its copies are written on one thread)"),
     Option(C + "file-merging.max-space-amplification", Kind.DOUBLE, "2.0", "space amplification that triggers re-uploading merged files", None, NOT_HERE + ": segments are never re-uploaded; a merged file goes when no retained checkpoint references any of its segments"),
+    # --- buffer debloating (FLIP-183): in-flight records bounded by time --------------------------------
+    Option("taskmanager.network.memory.buffer-debloat.enabled", Kind.BOOLEAN, "false", "bound the in-flight data to what is processed within the target time", "buffer_debloat", "agent: each round reads at most what the keyed stage processes in the target time (its rate measured over recent rounds), so an aligned checkpoint, which waits for the round in flight, waits about that long"),
+    Option("taskmanager.network.memory.buffer-debloat.target", Kind.DURATION, "1 s", "time in which the in-flight data should be consumed", "buffer_debloat_target_ms", "agent: the time a round's records should take the keyed stage"),
+    Option("taskmanager.network.memory.buffer-debloat.samples", Kind.INTEGER, "20", "samples the throughput is averaged over", "buffer_debloat_samples", "agent: rounds the keyed stage's rate is averaged over (an exponential moving average of that span)"),
     # --- sparkpoint's periodic savepoints (FLIP-10) --------------------------------------------------
     Option(C + "periodic-savepoint.interval", Kind.DURATION, "(none)", "take a savepoint this often (sparkpoint, FLIP-10)", "periodic_savepoint_interval_ms", "coordinator"),
     Option(C + "periodic-savepoint.num-retained", Kind.INTEGER, "3", "periodic savepoints kept, across runs of the job (sparkpoint, FLIP-10)", "periodic_savepoint_num_retained", "coordinator"),

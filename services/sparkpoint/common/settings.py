@@ -112,6 +112,10 @@ class CheckpointConfig:
     """``execution.checkpointing.file-merging.enabled`` (FLIP-306)."""
     file_merging_max_bytes: int = 32 << 20
     """``execution.checkpointing.file-merging.max-file-size``."""
+    buffer_debloat: bool = False
+    """``taskmanager.network.memory.buffer-debloat.enabled`` (FLIP-183)."""
+    buffer_debloat_target_ms: int = 1_000
+    buffer_debloat_samples: int = 20
     periodic_savepoint_num_retained: int = 3
     """FLIP-10 bounds the periodic savepoints kept without naming a default; three covers the
     last few intervals without letting a forgotten job fill its savepoint directory."""
@@ -128,6 +132,15 @@ class CheckpointConfig:
             raise ConfigError(
                 PREFIX + "file-merging.max-file-size",
                 f"must be > 0, got {self.file_merging_max_bytes} bytes",
+            )
+        debloat = "taskmanager.network.memory.buffer-debloat."
+        if self.buffer_debloat_target_ms <= 0:
+            raise ConfigError(
+                debloat + "target", f"must be > 0, got {self.buffer_debloat_target_ms} ms"
+            )
+        if self.buffer_debloat_samples < 1:
+            raise ConfigError(
+                debloat + "samples", f"must be >= 1, got {self.buffer_debloat_samples}"
             )
         if self.materialize_interval_ms <= 0:
             raise ConfigError(

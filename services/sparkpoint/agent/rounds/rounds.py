@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -46,6 +47,7 @@ from sparkpoint.agent.rounds.channels import (
     SegmentFiles,
     mark_source_watermark,
 )
+from sparkpoint.agent.rounds.debloat import Debloater
 from sparkpoint.agent.rounds.fetch import FetchResult, FetchTask, fetch_and_partition
 from sparkpoint.agent.rounds.initial import InitialState
 from sparkpoint.agent.rounds.process import ProcessResult, ProcessTask, output_file, process_subtask
@@ -83,6 +85,9 @@ class RoundSettings:
     max_rows_per_round: int
     source_properties: Frozen = ()
     """The Kafka source's client properties, for the stage-1 tasks that read it."""
+    debloat_target_ms: int | None = None
+    """Buffer debloating's target, when it is on: bounds each round's reads (`rounds.debloat`)."""
+    debloat_samples: int = 20
 
     @property
     def parallelism(self) -> int:
@@ -169,6 +174,12 @@ class Rounds:
         self.submitted = 0.0
         self.initial: InitialState | None = None
         """The initial state the round in flight applies (`rounds.initial`)."""
+        target = settings.debloat_target_ms
+        self.debloat = Debloater(target, settings.debloat_samples) if target else None
+        self.read_bound: int | None = None
+        """The per-partition bound debloating set on the read in flight (None: none)."""
+        self.bounded_reads: deque[tuple[int, int]] = deque(maxlen=256)
+        """Recent reads debloating bounded: (the bound, the most records read of a partition)."""
 
     def in_flight(self) -> list[Future[Any]]:
         return [f for f in (self.fetching, self.processing) if f is not None]
@@ -236,6 +247,12 @@ class Rounds:
             return []
         self.fetches += 1
         settings = self.settings
+        bound = self.debloat.per_partition(len(planned)) if self.debloat else None
+        self.read_bound = bound
+        if bound is not None:
+            planned = {
+                p: replace(r, max_records=min(r.max_records, bound)) for p, r in planned.items()
+            }
         max_duration_s = (
             settings.source.max_duration_ms / 1000
             if isinstance(settings.source, KafkaSource)
@@ -293,6 +310,9 @@ class Rounds:
             fetched += result.records
             self.input_bytes += result.bytes_read
         self.watermarks(source, channels)
+        if self.read_bound is not None:
+            largest = max((r.records for r in fetching.result()), default=0)
+            self.bounded_reads.append((self.read_bound, largest))
         return fetched
 
     def watermarks(self, source: Reader, channels: list[Channel]) -> None:
@@ -404,7 +424,10 @@ class Rounds:
             if result.output_path is not None:
                 done.outputs.append((result.subtask, result.output_path))
             self.progress.emitted(result.output_rows)
-        self.processed_rows += sum(s.rows for segments in taken.values() for s in segments)
+        rows = sum(s.rows for segments in taken.values() for s in segments)
+        self.processed_rows += rows
+        if self.debloat is not None:
+            self.debloat.observe(rows, now - self.submitted)
         if self.initial is not None:  # every subtask ran on_initial_state: checkpoints may go
             self.initial.applied, self.initial = True, None
         if any(r.timers_fired for r in processing.result()):
