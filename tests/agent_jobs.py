@@ -98,6 +98,18 @@ class Slow(PaymentStats):
         return super().process(records, state)
 
 
+class SlowPerRecord(PaymentStats):
+    """The example function, sleeping ``per_record_ms`` for every record it is given: a stage 2
+    whose time grows with the round (what buffer debloating measures)."""
+
+    def __init__(self, per_record_ms: float) -> None:
+        self.per_record_ms = per_record_ms
+
+    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
+        time.sleep(len(records) * self.per_record_ms / 1000)
+        return super().process(records, state)
+
+
 class FailingOnce(PaymentStats):
     """The example function, failing once when it first sees a payment id at or above
     ``at_id``: the marker file records that it failed (tasks run in other processes), so the

@@ -39,7 +39,7 @@ from sparkpoint.agent.rounds.fetch import FetchTask, read_ranges
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
 from sparkpoint.common.events import JobStatus
 from sparkpoint.common.kafka import consumer_config, producer_config
-from tests.agent_jobs import build
+from tests.agent_jobs import SlowPerRecord, build
 from tests.conftest import KafkaUnderTest
 from tests.integration.test_agent import difference, in_process, read_output, unique
 from tests.running_coordinator import Running, coordinator_in_thread, wait
@@ -290,24 +290,25 @@ def test_max_offsets_per_trigger_bounds_a_round_over_every_partition(kafka: Kafk
 DEBLOAT = "taskmanager.network.memory.buffer-debloat."
 
 
-def test_buffer_debloating_bounds_each_read_to_what_the_keyed_stage_does_in_its_target(
+def test_buffer_debloating_bounds_each_read_to_what_a_round_does_in_its_target(
     coordinator: Running, spark: Any
 ) -> None:
-    """With debloating on, a round reads what the keyed stage processes in the target time
-    (its rate measured from the stage-2 tasks), below the source's own bound while a backlog
-    is read, and the output stays exact."""
-    topic, output, records = new_topic(coordinator.bootstrap), unique("stats"), 16_000
+    """With debloating on, a round reads what a round processes in the target time (its fixed
+    cost and cost per record fitted to the rounds before), below the source's own bound while
+    a backlog is read, each partition its share; the output stays exact."""
+    topic, output, records = new_topic(coordinator.bootstrap), unique("stats"), 24_000
     ensure_topic(coordinator.bootstrap, output)
     assert generate(coordinator.bootstrap, topic, records) == records
-    settings = {DEBLOAT + "enabled": "true", DEBLOAT + "target": "5 ms"}
-    job = build(unique("debloat"), topic, output, max_records=1_000, settings=settings)
+    settings = {DEBLOAT + "enabled": "true", DEBLOAT + "target": "1 s"}
+    job = build(unique("debloat"), topic, output, max_records=2_500, settings=settings)
+    job = replace(job, function=SlowPerRecord(0.2))  # 0.1 ms a record over two subtasks
     agent = in_process(job, coordinator, spark)
     assert agent.run() is JobStatus.FINISHED
 
-    reads = list(agent.stages.bounded_reads)
-    assert reads, "the keyed stage's rate was measured and bounded the reads after it"
-    assert all(largest <= bound for bound, largest in reads), reads
-    assert len(reads) > 1 and max(bound for bound, _ in reads) < 1_000, reads  # below its own
+    reads = [read for read in agent.stages.bounded_reads if read]
+    assert reads, "the rounds were measured and bounded the reads after them"
+    assert all(taken <= bound for read in reads for bound, taken in read), reads
+    assert min(bound for read in reads for bound, _ in read) < 2_500, reads  # below its own
     got = read_output(coordinator.bootstrap, output)
     assert got == reference_output(payments(records), end_of_input=True), "exact"
 

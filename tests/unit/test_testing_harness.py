@@ -72,11 +72,11 @@ def test_a_round_returns_its_output_and_state_is_read_per_key() -> None:
         assert rows_of(out) == [("total", "a", 1, 5), ("total", "a", 2, 12)]
         assert harness.state_of("a")["total"] == 12
         assert harness.state_of("b")["total"] is None
-        assert harness.state_of("a")["window"] == {0: 2}  # the window [0, 10 s)
+        assert harness.state_of("a")["window(value=*:count)"] == {0: 2}  # the window [0, 10 s)
         pending = harness.timers()
         assert pending[["account", "timestamp"]].values.tolist() == [["a", 9_999]]
         assert rows_of(harness.process_watermark(9_999)) == [("window", "a", 0, 2)]
-        assert harness.state_of("a")["window"] == {} and harness.timers().empty
+        assert harness.state_of("a")["window(value=*:count)"] == {} and harness.timers().empty
         with pytest.raises(KeyError, match="declares"):
             harness.state("nope")
         assert len(harness.take_output()) == 3 and harness.output.empty

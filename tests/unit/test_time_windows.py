@@ -65,9 +65,10 @@ def test_a_window_is_emitted_once_when_the_watermark_passes_its_end() -> None:
         {"account": "b", "window_start": 0, "window_end": 10, "n": 1, "total": 4.0},
     ]
     assert fire(function, state, 9).empty, "fired once"
-    # a's next window [10, 20): its count and sum at 10 * 2 and 10 * 2 + 1
-    assert state.map("window").index.get_level_values(1).tolist() == [20, 21]
-    assert state.map("window").tolist() == [1.0, 8.0]
+    # a's next window [10, 20): its count and sum at 10 * 2 and 10 * 2 + 1, in one map state
+    assert function.window_state == "window(n=*:count,total=amount:sum)"
+    assert state.map(function.window_state).index.get_level_values(1).tolist() == [20, 21]
+    assert state.map(function.window_state).tolist() == [1.0, 8.0]
 
 
 def test_late_records_are_dropped_counted_and_emitted_aside_when_asked() -> None:
@@ -91,7 +92,7 @@ def test_allowed_lateness_fires_again_for_a_late_record_then_cleans_up() -> None
     again = function.process(pd.DataFrame({"account": ["a"], "ts": [2]}), state)
     assert again[["window_start", "n"]].to_dict("records") == [{"window_start": 0, "n": 2}]
     assert fire(function, state, 14).empty  # the cleanup timer: nothing emitted, state gone
-    assert state.map("window").empty
+    assert state.map(function.window_state).empty
     state.current_watermark = 15
     function.process(pd.DataFrame({"account": ["a"], "ts": [3]}), state)
     assert function.late_records == 1
@@ -163,6 +164,61 @@ def test_a_session_fires_again_for_a_record_within_the_lateness_and_drops_one_af
     state.current_watermark = 30
     assert function.process(payments("a", 5), state).empty  # its session ended by 19: late
     assert function.late_records == 1
+
+
+def test_a_session_merge_keeps_the_timer_another_session_shares() -> None:
+    """With a lateness above the gap, one session's cleanup timer can be another's end: [0, 10)
+    cleans up at 29, where [20, 30) fires. A late record that merges into [0, 10) deletes its
+    timers, and [20, 30) must still fire."""
+    function = sessions(lateness=20)
+    state = state_for(function, -(2**63), None)
+    function.process(payments("a", 0, 20), state)
+    assert fire(function, state, 12)["window_start"].tolist() == [0]
+    state.current_watermark = 12
+    assert function.process(payments("a", 9), state).empty  # joins [0, 10): [0, 19)
+    fired = fire(function, state, 29)
+    assert fired[["window_start", "window_end", "n"]].to_dict("records") == [
+        {"window_start": 0, "window_end": 19, "n": 2},
+        {"window_start": 20, "window_end": 30, "n": 1},
+    ]
+
+
+def test_a_count_of_a_column_counts_records_in_sessions_too() -> None:
+    function = WindowAggregate(
+        EventTimeSessionWindows.with_gap(10), {"n": ("amount", "count")}, "ts"
+    )
+    state = state_for(function, -(2**63), None)
+    function.process(payments("a", 5), state)
+    function.process(payments("a", 7), state)  # merged into the open session
+    assert fire(function, state, 16)["n"].tolist() == [2]
+
+
+def test_the_window_state_is_named_after_its_aggregates() -> None:
+    """A job restored with other aggregates (or the same in another order) declares another
+    state, so it never reads values laid out for the old ones."""
+    windows = TumblingEventTimeWindows.of(10)
+    one = WindowAggregate(windows, {"n": ("*", "count")}, "ts")
+    two = WindowAggregate(windows, {"n": ("*", "count"), "top": ("amount", "max")}, "ts")
+    swapped = WindowAggregate(windows, {"top": ("amount", "max"), "n": ("*", "count")}, "ts")
+    assert len({one.window_state, two.window_state, swapped.window_state}) == 3
+    assert set(declared_state(two)) >= {two.window_state}
+
+
+def test_a_window_of_nan_only_is_still_emitted_and_sums_keep_infinity() -> None:
+    function = WindowAggregate(
+        TumblingEventTimeWindows.of(10),
+        {"top": ("amount", "max"), "total": ("amount", "sum")},
+        "ts",
+    )
+    state = state_for(function, -(2**63), None)
+    records = pd.DataFrame(
+        {"account": ["a", "b", "b"], "ts": [1, 2, 3], "amount": [np.nan, np.inf, 1.0]}
+    )
+    function.process(records, state)
+    out = fire(function, state, 9).sort_values("account").reset_index(drop=True)
+    assert out["account"].tolist() == ["a", "b"]
+    assert np.isnan(out["top"][0]) and out["total"][0] == 0.0  # pandas: max NaN, sum 0
+    assert out["top"][1] == np.inf and out["total"][1] == np.inf
 
 
 @pytest.mark.parametrize("seed", range(20))

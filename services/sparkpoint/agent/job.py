@@ -355,8 +355,10 @@ def entry_index(keys: np.ndarray, user_keys: np.ndarray) -> pd.MultiIndex:
     """(key, user key) pairs as a map state's index. Its levels are factorized, not sorted
     (``MultiIndex.from_arrays`` sorts them, and sorting a round's keys cost several times the
     rest of a lookup), and it says it is not sorted (``sortorder=0``): a range ``.loc`` on it
-    raises pandas' UnsortedIndexError (``sort_index()`` first) rather than slicing by the
-    order of its levels."""
+    raises pandas' UnsortedIndexError rather than slicing by the order of its levels. A state
+    series that a put concatenated has whatever levels pandas' concatenation gives it (as a
+    ``groupby(sort=False)`` index has), so a function that slices map state by ranges calls
+    ``sort_index()`` first, as pandas asks of any MultiIndex it did not sort."""
     key_codes, key_levels = pd.factorize(np.asarray(keys, dtype=object))
     user_codes, user_levels = pd.factorize(user_keys)
     return pd.MultiIndex(

@@ -53,6 +53,7 @@ from sparkpoint.agent.rounds.initial import InitialState
 from sparkpoint.agent.rounds.process import ProcessResult, ProcessTask, output_file, process_subtask
 from sparkpoint.agent.rounds.user_code import UserCodeFailure, guarded, unless_user_failed
 from sparkpoint.agent.sinks import Emit
+from sparkpoint.agent.sources import Partition, PlannedRead
 from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
 from sparkpoint.agent.spark.jobs import ROUNDS_POOL, SparkJobs
@@ -117,6 +118,16 @@ ProcessOutcome = ProcessResult | UserCodeFailure | None
 FetchOutcome = list[FetchResult] | UserCodeFailure | None
 
 
+def backlogs(source: Reader, planned: dict[Partition, PlannedRead]) -> dict[Partition, int | None]:
+    """Per planned read, the records it may find: to its planned end, else to the source's
+    end (a bounded source), else unknown."""
+    found: dict[Partition, int | None] = {}
+    for partition, read in planned.items():
+        end = read.until if read.until is not None else source.ends.get(partition)
+        found[partition] = end - source.positions[partition] if end is not None else None
+    return found
+
+
 def run_round_task(
     task: RoundTask, keyed_function: KeyedFunction, map_function: MapFunction
 ) -> tuple[ProcessOutcome, FetchOutcome]:
@@ -176,10 +187,14 @@ class Rounds:
         """The initial state the round in flight applies (`rounds.initial`)."""
         target = settings.debloat_target_ms
         self.debloat = Debloater(target, settings.debloat_samples) if target else None
-        self.read_bound: int | None = None
-        """The per-partition bound debloating set on the read in flight (None: none)."""
-        self.bounded_reads: deque[tuple[int, int]] = deque(maxlen=256)
-        """Recent reads debloating bounded: (the bound, the most records read of a partition)."""
+        self.read_bounds: dict[Partition, int] = {}
+        """The bounds debloating set on the read in flight, per partition (empty: none)."""
+        self.bounded_reads: deque[list[tuple[int, int]]] = deque(maxlen=256)
+        """Recent reads debloating bounded: per partition, (its bound, the records it read)."""
+        self.read_capped = False
+        """The last read stopped at a bound somewhere: a backlog is there."""
+        self.busy = False
+        """The stage-2 part in flight took its segments from a backlog."""
 
     def in_flight(self) -> list[Future[Any]]:
         return [f for f in (self.fetching, self.processing) if f is not None]
@@ -247,11 +262,11 @@ class Rounds:
             return []
         self.fetches += 1
         settings = self.settings
-        bound = self.debloat.per_partition(len(planned)) if self.debloat else None
-        self.read_bound = bound
-        if bound is not None:
+        self.read_bounds = self.debloat.bounds(backlogs(source, planned)) if self.debloat else {}
+        if self.read_bounds:
             planned = {
-                p: replace(r, max_records=min(r.max_records, bound)) for p, r in planned.items()
+                p: replace(r, max_records=min(r.max_records, self.read_bounds[p]))
+                for p, r in planned.items()
             }
         max_duration_s = (
             settings.source.max_duration_ms / 1000
@@ -310,9 +325,14 @@ class Rounds:
             fetched += result.records
             self.input_bytes += result.bytes_read
         self.watermarks(source, channels)
-        if self.read_bound is not None:
-            largest = max((r.records for r in fetching.result()), default=0)
-            self.bounded_reads.append((self.read_bound, largest))
+        results = fetching.result()
+        self.read_capped = any(r.capped for r in results)
+        if self.debloat is not None:
+            self.debloat.read(fetched, sum(rows for r in results for _, _, rows, _ in r.segments))
+        if self.read_bounds:
+            self.bounded_reads.append(
+                [(self.read_bounds[(r.topic, r.partition)], r.records) for r in results]
+            )
         return fetched
 
     def watermarks(self, source: Reader, channels: list[Channel]) -> None:
@@ -332,6 +352,9 @@ class Rounds:
         first round, every subtask with a share of the initial state."""
         max_rows = self.settings.max_rows_per_round
         taken = {i: c.take(max_rows) for i, c in enumerate(channels)}
+        self.busy = self.read_capped or any(
+            len(c.segments) > len(taken[i]) for i, c in enumerate(channels)
+        )
         reaches = {i: c.reach(taken[i]) for i, c in enumerate(channels)}
         due: dict[int, tuple[list[int], list[int]]] = {}
         now_ms = int(time.time() * 1000)
@@ -427,7 +450,7 @@ class Rounds:
         rows = sum(s.rows for segments in taken.values() for s in segments)
         self.processed_rows += rows
         if self.debloat is not None:
-            self.debloat.observe(rows, now - self.submitted)
+            self.debloat.observe(rows, now - self.submitted, self.busy)
         if self.initial is not None:  # every subtask ran on_initial_state: checkpoints may go
             self.initial.applied, self.initial = True, None
         if any(r.timers_fired for r in processing.result()):

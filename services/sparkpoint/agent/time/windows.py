@@ -11,11 +11,12 @@ whole or a subclass extends::
 
 A record goes to every window it falls in (one when tumbling, ``size / slide`` when sliding;
 sessions merge as it joins them: `EventTimeSessionWindows`).
-A window's aggregates are kept together per key in one map state, ``window``: its user key is
-the window start times the number of aggregates plus the aggregate's position (a window of a
-count and a sum starting at 10,000 keeps its count at 20,000 and its sum at 20,001), so that a
-round reads and writes one state, not one per aggregate. A window is emitted once the
-watermark passes its end: one row per key and window, with the key column,
+A window's aggregates are kept together per key in one map state, named after them
+(``window(n=*:count,total=amount:sum)``: a job restored with other aggregates declares another
+state): its user key is the window start times the number of aggregates plus the aggregate's
+position (a window of a count and a sum starting at 10,000 keeps its count at 20,000 and its sum
+at 20,001), so that a round reads and writes one state, not one per aggregate. A window is
+emitted once the watermark passes its end: one row per key and window, with the key column,
 ``window_start``, ``window_end`` (exclusive) and the aggregates. With allowed lateness, a
 record that arrives after its window fired but within the lateness updates the window and emits
 it again at once (Flink's default trigger fires again for each late element); the window's
@@ -48,7 +49,8 @@ from sparkpoint.common.options import parse_duration
 AGGREGATES = ("count", "sum", "min", "max")
 """What a window keeps per aggregate; ``mean`` is not kept (a sum and a count give it)."""
 WINDOW = "window"
-"""The map state of every window's aggregates: (key, start * aggregates + position) -> value."""
+"""The map state of every window's aggregates, (key, start * aggregates + position) -> value,
+is named after it and its aggregates (`window_state_name`)."""
 SESSION_END = "session:end"
 """Session windows: (key, session start) -> its end (exclusive: its last record + the gap)."""
 
@@ -146,8 +148,9 @@ class WindowAggregate(KeyedFunction):
         """A side output of the sink (`KafkaSink.side_outputs`) late records go to."""
         self.late_records = 0
         self.hows = [how for _, how in self.aggregates.values()]
+        self.window_state = window_state_name(self.aggregates)
         # declared per instance (KeyedFunction.state is read from the function, not its class)
-        self.state = {WINDOW: MapState("int64", "float64")}  # type: ignore[misc]
+        self.state = {self.window_state: MapState("int64", "float64")}  # type: ignore[misc]
         if isinstance(windows, EventTimeSessionWindows):
             self.state[SESSION_END] = MapState("int64", "int64")
 
@@ -174,7 +177,7 @@ class WindowAggregate(KeyedFunction):
             ]
         )
         merged = combine(self.hows, self.values(index, state), parts)
-        state.put_in_map(WINDOW, pd.Series(merged.ravel(), index=self.entries(index)))
+        state.put_in_map(self.window_state, pd.Series(merged.ravel(), index=self.entries(index)))
         window_ends = index.get_level_values(1).to_numpy() + self.windows.size_ms
         timers = pd.Series(window_ends - 1, index=index.get_level_values(0))
         fired_late = window_ends - 1 <= watermark  # within the lateness: emitted again now
@@ -200,9 +203,9 @@ class WindowAggregate(KeyedFunction):
             values = self.values(fire_index, state)
             self.clear(window_index(keys, stamps + 1 - size - lateness), state)
         else:  # read and removed in one lookup
-            popped = state.pop_from_map(WINDOW, self.entries(fire_index)).to_numpy()
+            popped = state.pop_from_map(self.window_state, self.entries(fire_index)).to_numpy()
             values = popped.reshape(len(fire_index), len(self.aggregates))
-        present = ~np.isnan(values[:, 0])
+        present = ~np.isnan(values).all(axis=1)  # a min or max of NaN only is still a window
         if not present.any():
             return pd.DataFrame()
         return self.emit(fire_index[present], state, key_column, values=values[present])
@@ -249,7 +252,7 @@ class WindowAggregate(KeyedFunction):
         return out
 
     def entries(self, index: pd.MultiIndex) -> pd.MultiIndex:
-        """The ``WINDOW`` entries of the windows (key, start) of ``index``: each window's
+        """The window map's entries of the windows (key, start) of ``index``: each window's
         aggregates in order, built from its codes (no key is hashed again)."""
         width = len(self.aggregates)
         positions = np.arange(width, dtype=np.int64)
@@ -267,12 +270,12 @@ class WindowAggregate(KeyedFunction):
     def values(self, index: pd.MultiIndex, state: KeyedState) -> np.ndarray:
         """The aggregates of the windows of ``index``, one row per window (NaN: no such
         window)."""
-        found = state.map(WINDOW).reindex(self.entries(index)).to_numpy(dtype="float64")
+        found = state.map(self.window_state).reindex(self.entries(index)).to_numpy(dtype="float64")
         values: np.ndarray = found.reshape(len(index), len(self.aggregates))
         return values
 
     def clear(self, index: pd.MultiIndex, state: KeyedState) -> None:
-        state.remove_from_map(WINDOW, self.entries(index))
+        state.remove_from_map(self.window_state, self.entries(index))
         if SESSION_END in self.state:
             state.remove_from_map(SESSION_END, index)
 
@@ -332,7 +335,7 @@ class WindowAggregate(KeyedFunction):
         for i, (column, how) in enumerate(self.aggregates.values()):
             values = np.empty(len(both), dtype="float64")
             values[~fresh] = kept[:, i]
-            if column == "*":
+            if column == "*" or how == "count":  # a count counts records, as pandas' size
                 values[fresh] = 1.0
             else:
                 values[fresh] = records[column].to_numpy(dtype="float64")[rows[fresh]]
@@ -340,9 +343,9 @@ class WindowAggregate(KeyedFunction):
             totals.append(
                 part.agg("sum" if how == "count" else how).reindex(bounds.index).to_numpy()
             )
-        self.clear_one(WINDOW, self.entries(old_index), state)
+        self.clear_one(self.window_state, self.entries(old_index), state)
         values = np.column_stack(totals).ravel()
-        state.put_in_map(WINDOW, pd.Series(values, index=self.entries(new_index)))
+        state.put_in_map(self.window_state, pd.Series(values, index=self.entries(new_index)))
         self.clear_one(SESSION_END, old_index, state)
         state.put_in_map(SESSION_END, pd.Series(bounds["end"].to_numpy(), index=new_index))
         self.move_timers(state, merged["key"], merged["end"], bounds)
@@ -355,14 +358,22 @@ class WindowAggregate(KeyedFunction):
     def move_timers(
         self, state: KeyedState, keys: pd.Series, old_ends: pd.Series, bounds: pd.DataFrame
     ) -> None:
-        """The merged sessions' timers deleted, the new sessions' registered: at its end - 1
-        (unless the watermark passed it) and, with allowed lateness, its cleanup."""
+        """The merged sessions' timers deleted, then the timers of every open session of those
+        keys registered (the new ones among them): at its end - 1 (unless the watermark passed
+        it) and, with allowed lateness, its cleanup."""
         old = pd.Series(old_ends.to_numpy() - 1, index=keys.to_numpy(dtype=object))
         if len(old):
             state.delete_event_time_timers(old)
             if self.lateness_ms:
                 state.delete_event_time_timers(old + self.lateness_ms)
-        ends = pd.Series(bounds["end"].to_numpy() - 1, index=bounds["key"].to_numpy(dtype=object))
+        # every open session of these keys keeps its timers: a deleted timer may have been
+        # another session's too (timers are (key, time): with a lateness above the gap, one
+        # session's cleanup can fall on another's end)
+        sessions = open_sessions(state)
+        sessions = sessions[sessions["key"].isin(set(bounds["key"].tolist()))]
+        ends = pd.Series(
+            sessions["end"].to_numpy() - 1, index=sessions["key"].to_numpy(dtype=object)
+        )
         state.register_event_time_timers(ends[ends > state.current_watermark])
         if self.lateness_ms:
             state.register_event_time_timers(ends + self.lateness_ms)
@@ -419,6 +430,14 @@ def session_index(keys: pd.Series, starts: pd.Series) -> pd.MultiIndex:
     return window_index(keys.to_numpy(dtype=object), starts.to_numpy(dtype=np.int64))
 
 
+def window_state_name(aggregates: Mapping[str, tuple[str, str]]) -> str:
+    """The window map's state name, which spells out its aggregates (``window(n=*:count,
+    total=amount:sum)``): a job restored with other aggregates, or the same in another order,
+    declares another state and does not read values laid out for the old ones."""
+    spelled = ",".join(f"{name}={column}:{how}" for name, (column, how) in aggregates.items())
+    return f"{WINDOW}({spelled})"
+
+
 def window_index(keys: np.ndarray, starts: np.ndarray) -> pd.MultiIndex:
     """(key, window start) pairs as an index."""
     return entry_index(np.asarray(keys, dtype=object), np.asarray(starts, dtype=np.int64))
@@ -453,7 +472,9 @@ def aggregate(
     assert column is not None
     values = column.to_numpy(dtype=np.float64, na_value=np.nan)[rows]
     if how == "sum":
-        summed: np.ndarray = np.bincount(group, weights=np.nan_to_num(values), minlength=windows)
+        summed: np.ndarray = np.bincount(
+            group, weights=np.where(np.isnan(values), 0.0, values), minlength=windows
+        )
         return summed
     picked = np.full(windows, np.nan)
     (np.fmin if how == "min" else np.fmax).at(picked, group, values)
@@ -466,7 +487,7 @@ def combine(hows: list[str], known: np.ndarray, part: np.ndarray) -> np.ndarray:
     merged = np.empty_like(part)
     for i, how in enumerate(hows):
         if how in ("count", "sum"):
-            merged[:, i] = np.nan_to_num(known[:, i]) + part[:, i]
+            merged[:, i] = np.where(np.isnan(known[:, i]), 0.0, known[:, i]) + part[:, i]
         else:
             pick = np.fmin if how == "min" else np.fmax
             merged[:, i] = pick(known[:, i], part[:, i])
