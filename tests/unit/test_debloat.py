@@ -1,10 +1,8 @@
-"""Buffer debloating for rounds (services/sparkpoint/agent/rounds/debloat.py), pure: a round's
-fixed cost and cost per record fitted to busy rounds, the bound they give, its share per
-partition by backlog; its options."""
+"""Buffer debloating for rounds (services/sparkpoint/agent/rounds/debloat.py), pure: the rate of
+busy rounds in source records, the bound it gives and its floor, its share per partition by
+backlog; its options."""
 
 from __future__ import annotations
-
-import logging
 
 import pytest
 
@@ -14,34 +12,31 @@ from sparkpoint.common.settings import CheckpointConfig, ConfigError
 DEBLOAT = "taskmanager.network.memory.buffer-debloat."
 
 
-def test_a_round_reads_what_fits_in_the_target_after_its_fixed_cost() -> None:
-    debloat = Debloater(target_ms=500)
+def test_a_round_reads_what_busy_rounds_process_in_the_target_time() -> None:
+    debloat = Debloater(target_ms=500, samples=1)  # the rate follows the last busy round
     assert debloat.budget is None and debloat.bounds({("t", 0): 10}) == {}  # nothing measured
-    debloat.observe(10_000, 1.0, busy=True)  # one size of round: scaled to the target
-    assert debloat.budget == 5_000
-    debloat.observe(30_000, 0.7, busy=False)  # waited for input: says nothing
+    debloat.observe(100_000, 0.5, busy=True)
+    assert debloat.rate == 200_000 and debloat.budget == 100_000
+    debloat.observe(1_000, 1.0, busy=False)  # waited for input: says nothing
     debloat.observe(0, 0.2, busy=True)
-    assert debloat.budget == 5_000
-    debloat.rounds.clear()
-    debloat.observe(10_000, 0.3, busy=True)  # 0.1 s fixed, 20 µs a record
-    debloat.observe(30_000, 0.7, busy=True)
-    fixed, per_record = debloat.fit() or (0.0, 0.0)
-    assert fixed == pytest.approx(0.1) and per_record == pytest.approx(2e-5)
-    assert debloat.budget == pytest.approx(20_000, abs=1)  # (0.5 - 0.1) / 2e-5
+    assert debloat.rate == 200_000
 
 
-def test_a_target_below_the_fixed_cost_leaves_reads_unbounded_and_says_so(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """Reading less cannot bring a round under its fixed cost: bounding it would only shrink
-    the reads until the job crawls."""
-    debloat = Debloater(target_ms=200)
-    debloat.observe(10_000, 0.5, busy=True)  # 0.4 s fixed
-    with caplog.at_level(logging.WARNING, logger="sparkpoint.agent.rounds.debloat"):
-        debloat.observe(20_000, 0.6, busy=True)
-        assert debloat.budget is None and debloat.unreachable
-        assert debloat.bounds({("t", 0): 50_000}) == {}
-    assert "fixed cost (400 ms) is at or above the target (200 ms)" in caplog.text
+def test_the_bound_never_falls_below_a_quarter_of_the_largest_round() -> None:
+    """A round's fixed cost stays when reads shrink: each shrink would lower the measured rate
+    again, down to nothing, with a target near that cost."""
+    debloat = Debloater(target_ms=200, samples=1)
+    debloat.observe(40_000, 1.0, busy=True)  # 40,000 a second: 8,000 in 200 ms
+    assert debloat.budget == 10_000  # a quarter of 40,000
+    debloat.observe(10_000, 0.45, busy=True)  # mostly fixed cost
+    assert debloat.budget == 10_000
+
+
+def test_the_rate_is_averaged_over_the_samples() -> None:
+    debloat = Debloater(target_ms=1_000, samples=3)  # weight 2 / (3 + 1)
+    debloat.observe(1_000, 1.0, busy=True)
+    debloat.observe(3_000, 1.0, busy=True)
+    assert debloat.rate == pytest.approx(2_000)
 
 
 def test_rows_are_counted_as_source_records_through_the_jobs_map() -> None:
