@@ -310,15 +310,11 @@ class KeyedState:
         """Stage 2's firing: the pending timers of state ``name`` (`TIMERS` or
         `PROCESSING_TIMERS`) at or below ``until``, as `event_time_timers` gives them, which
         are then deleted."""
-        timers = self._timers(name)
-        stamps = timers.index.get_level_values(1).to_numpy(dtype="int64")
-        due = stamps <= until
-        keys = timers.index.get_level_values(0)[due]
+        pending = self._timer_series(name)
+        due = (pending <= until).to_numpy()
         if due.any():
-            self._set(name, timers[~due])
-        return pd.Series(
-            stamps[due], index=pd.Index(keys, name="key"), name="timestamp", dtype="int64"
-        )
+            self._set(name, self._timers(name)[~due])
+        return pending[due]
 
     def _timers(self, name: str) -> pd.Series:
         if name not in self.declared:

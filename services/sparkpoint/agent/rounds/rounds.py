@@ -304,7 +304,8 @@ class Rounds:
         fetched = 0
         clock = source.watermarks
         now = time.monotonic()
-        for result in fetching.result():  # a failure of stage 1 fails the job here
+        results = fetching.result()  # a failure of stage 1 fails the job here
+        for result in results:
             for offset, reason in result.malformed:
                 log.warning(
                     "malformed record skipped: %s[%d]@%d: %s",
@@ -325,7 +326,6 @@ class Rounds:
             fetched += result.records
             self.input_bytes += result.bytes_read
         self.watermarks(source, channels)
-        results = fetching.result()
         self.read_capped = any(r.capped for r in results)
         if self.debloat is not None:
             self.debloat.read(fetched, sum(rows for r in results for _, _, rows, _ in r.segments))

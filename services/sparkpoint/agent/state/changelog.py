@@ -152,16 +152,9 @@ def decode_run(data: pa.Buffer | bytes) -> Run:
 def to_table(series: pd.Series, groups: np.ndarray) -> pa.Table:
     """A state series as a run's table, sorted by ``kh`` (stable: list order is kept);
     ``groups``: each row's key group."""
-    index = series.index
-    keys = index.get_level_values(0).to_numpy() if isinstance(index, pd.MultiIndex) else index
-    keys = np.asarray(keys)
-    kh = positions(groups, keys)
-    order = np.argsort(kh, kind="stable")
-    columns: dict[str, pa.Array] = {KH: pa.array(kh[order]), "key": pa.array(keys[order])}
-    if isinstance(index, pd.MultiIndex):
-        columns["user_key"] = pa.array(index.get_level_values(1).to_numpy()[order])
-    columns["value"] = pa.array(series.to_numpy()[order])
-    return pa.table(columns)
+    keys = _keys(series)
+    every = np.arange(len(keys))
+    return _table_at(series, every, positions(groups, keys), pa.array(keys))
 
 
 def keys_table(keys: np.ndarray, groups: np.ndarray) -> pa.Table:
@@ -320,8 +313,9 @@ def changes(
 
 
 def _table_at(series: pd.Series, at: np.ndarray, kh: np.ndarray, keys: pa.Array) -> pa.Table:
-    """`to_table` for rows whose keys are at ``at`` among a round's keys (``kh`` and Arrow
-    ``keys`` per key)."""
+    """A state series as a run's table (`to_table`), its rows' keys at ``at`` among keys whose
+    ``kh`` and Arrow values are given: a round hashes and converts its keys once for every
+    state."""
     row_kh = kh[at]
     order = np.argsort(row_kh, kind="stable")
     columns: dict[str, pa.Array] = {KH: pa.array(row_kh[order]), "key": keys.take(at[order])}
