@@ -11,6 +11,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from sparkpoint.agent.recovery import channel_state
@@ -25,6 +26,7 @@ from sparkpoint.agent.recovery.split import (
 )
 from sparkpoint.agent.rounds.channels import Channel
 from sparkpoint.agent.spark.jobs import RECOVERY_POOL, SparkJobs
+from sparkpoint.agent.spark.worker_gc import in_task
 from sparkpoint.agent.state.backend import local_path
 from sparkpoint.common.keygroups import KeyGroupRange
 
@@ -133,7 +135,7 @@ class FilterJobs:
             this.group = self.jobs.traffic.start_job(
                 sc, f"{self.job_id} filter restored channel state", tasks
             )
-            job = sc.parallelize(tasks, len(tasks)).map(filter_restored)
+            job = sc.parallelize(tasks, len(tasks)).map(partial(in_task, filter_restored))
         except BaseException:
             this.ended.set()
             raise

@@ -9,9 +9,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, TypeVar
 
 from sparkpoint.agent.spark.traffic import DriverTraffic
+from sparkpoint.agent.spark.worker_gc import in_task
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,7 @@ class SparkJobs:
         sc.setLocalProperty("spark.scheduler.pool", pool)
         self.traffic.start_job(sc, description, tasks)
         started = time.monotonic()
-        results: list[R] = sc.parallelize(tasks, len(tasks)).map(work).collect()
+        results: list[R] = sc.parallelize(tasks, len(tasks)).map(partial(in_task, work)).collect()
         if timed is not None:
             self.stage_seconds[timed] += time.monotonic() - started
         return results
