@@ -31,6 +31,14 @@ def test_the_drivers_jvm_maps_the_archive_make_install_built(spark: Any) -> None
     assert str(archive) in maps, "the JVM refused the archive (another Java or Spark build?)"
 
 
+@pytest.mark.spark
+def test_the_drivers_jvm_compiles_with_its_client_compiler_only(spark: Any) -> None:
+    """session.py's default: the driver's JVM schedules and pipes, and C1 alone costs it less
+    CPU per Spark job than C1 and C2."""
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    assert "-XX:TieredStopAtLevel=1" in list(runtime.getInputArguments())
+
+
 def test_a_callers_driver_java_options_come_first_and_stay(tmp_path: Path) -> None:
     archive = tmp_path / "spark-driver.jsa"
     archive.write_bytes(b"archive")
