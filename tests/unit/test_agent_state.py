@@ -6,10 +6,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from sparkpoint.agent.job import TIMERS, KeyedState, ListState, MapState, ValueState
+from sparkpoint.agent.job import (
+    TIMERS,
+    KeyedState,
+    ListState,
+    MapState,
+    ValueState,
+    concat_entries,
+    entry_index,
+)
 from sparkpoint.agent.state.backend import (
     decode_state,
     encode_state,
@@ -147,3 +156,19 @@ def test_a_linked_copy_keeps_its_bytes_when_the_source_path_is_written_again(
     assert (tmp_path / "chk-2" / "kg-1.arrow").read_bytes() == b"version 2, longer"
     assert Path(source).stat().st_nlink == 2  # linked, not copied
     assert sorted(p.name for p in (tmp_path / "working").iterdir()) == ["kg-1"]  # no temporaries
+
+
+def test_concatenated_map_state_has_the_entries_and_order_pandas_gives() -> None:
+    rng = np.random.default_rng(3)
+    parts = []
+    for size in (0, 7, 0, 40, 1):
+        keys = np.array([f"k{k}" for k in rng.integers(0, 9, size)], dtype=object)
+        index = entry_index(keys, rng.integers(0, 5, size))
+        parts.append(pd.Series(rng.normal(size=size), index=index, name="m"))
+    got = concat_entries(parts)
+    expected = pd.concat(parts)
+    assert got.name == "m" and list(got.index.names) == ["key", "user_key"]
+    assert got.index.tolist() == expected.index.tolist()
+    assert got.to_numpy().tolist() == expected.to_numpy().tolist()
+    value = pd.Series([1, 2], index=pd.Index(["a", "b"], dtype=object))
+    assert concat_entries([value, value]).index.tolist() == ["a", "b", "a", "b"]

@@ -6,6 +6,7 @@ import itertools
 import random
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sparkpoint.common.keygroups import (
@@ -145,3 +146,18 @@ def test_operator_indexes_of_a_column_are_operator_index_of_each_group() -> None
     for parallelism in (1, 3, 4, 128):
         expected = [operator_index(128, parallelism, int(g)) for g in groups]
         assert operator_indexes(128, parallelism, groups).tolist() == expected
+
+
+def test_records_split_by_subtask_keep_their_order_within_each_subtask() -> None:
+    from sparkpoint.agent.rounds.fetch import by_subtask
+    from sparkpoint.agent.rounds.frames import KEY_GROUP_COLUMN
+
+    frame = pd.DataFrame({"k": [f"key-{i % 37}" for i in range(500)], "n": range(500)})
+    parts = by_subtask(frame, "k", 128, 3)
+    assert [s for s, _ in parts] == sorted({s for s, _ in parts})
+    assert sum(len(p) for _, p in parts) == 500
+    for subtask, part in parts:
+        assert part["n"].is_monotonic_increasing and part.index.tolist() == list(range(len(part)))
+        owners = operator_indexes(128, 3, part[KEY_GROUP_COLUMN].to_numpy())
+        assert set(np.asarray(owners).tolist()) == {subtask}
+    assert by_subtask(frame.iloc[:0], "k", 128, 3) == []

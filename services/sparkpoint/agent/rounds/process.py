@@ -19,6 +19,7 @@ from sparkpoint.agent.job import (
     TIMERS,
     KeyedFunction,
     KeyedState,
+    concat_entries,
     declared_state,
     has_timers,
 )
@@ -272,7 +273,9 @@ def fire_timers(
             found = view.lookup(new_keys, new_groups)
             state.add_keys(found)
             for name, series in found.items():
-                before[name] = pd.concat([before[name], series]) if len(series) else before[name]
+                before[name] = (
+                    concat_entries([before[name], series]) if len(series) else before[name]
+                )
             done.keys = np.concatenate([np.asarray(done.keys, dtype=object), new_keys])
             done.groups = np.concatenate([done.groups, new_groups])
             others = others[~others["key"].isin(set(new_keys.tolist()))]
