@@ -370,21 +370,14 @@ def concat_entries(parts: list[pd.Series]) -> pd.Series:
     """State series one after another, as ``pd.concat`` gives them; map state's (key, user key)
     index made with `entry_index` from the parts' level values (pandas appends two
     MultiIndexes through their tuples: in the example job's rounds, 5% of the workers' CPU)."""
-    first = parts[0].index
-    if not isinstance(first, pd.MultiIndex) or first.nlevels != 2:
-        return pd.concat(parts)
     indexes = [p.index for p in parts]
-    if not all(isinstance(i, pd.MultiIndex) and i.nlevels == 2 for i in indexes):
-        return pd.concat(parts)
     held = [i for i in indexes if len(i)]
-    if not held:
+    if not held or not all(isinstance(i, pd.MultiIndex) and i.nlevels == 2 for i in indexes):
         return pd.concat(parts)
     values = pd.concat([p.reset_index(drop=True) for p in parts], ignore_index=True)
     keys = np.concatenate([np.asarray(i.get_level_values(0), dtype=object) for i in held])
     user_keys = np.concatenate([i.get_level_values(1).to_numpy() for i in held])
-    index = entry_index(keys, user_keys)
-    index.names = list(first.names)
-    values.index = index
+    values.index = entry_index(keys, user_keys).set_names(list(indexes[0].names))
     values.name = parts[0].name
     return values
 

@@ -307,15 +307,15 @@ def by_subtask(
         raise KeyError(
             f"key column {key!r} is not in the records after map (columns: {list(frame.columns)})"
         )
+    if not len(frame):
+        return []
     groups = key_groups(frame[key].to_numpy(), max_parallelism)
-    subtasks = np.asarray(operator_indexes(max_parallelism, parallelism, groups))
+    subtasks = operator_indexes(max_parallelism, parallelism, groups)
     frame = frame.assign(**{KEY_GROUP_COLUMN: groups})
     # a stable sort and its boundaries, not ``groupby(array)``: pandas first looks the array up
     # as a column label and formats it into the KeyError it catches (2% of the workers' CPU)
     order = np.argsort(subtasks, kind="stable")
     ordered = subtasks[order]
-    if not len(order):
-        return []
     bounds = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(order)]
     return [
         (int(ordered[start]), frame.take(order[start:end]).reset_index(drop=True))

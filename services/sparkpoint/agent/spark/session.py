@@ -2,8 +2,9 @@
 passed through. Defaults are the quiet, fast settings measured on a 2-core machine (no UI, no
 console progress, 2 shuffle partitions, no adaptive execution, bound to loopback, a 2 GB
 driver, the FAIR scheduler for the rounds, recovery and sink pools, Python workers over Unix
-domain sockets, the driver JVM's client compiler only); a ``spark.*`` setting given by the caller replaces any of them. The driver maps the class archive of
-class_archive.py when it exists (a session gets to its first results 4-7 s sooner).
+domain sockets, the driver JVM's client compiler only); a ``spark.*`` setting given by the
+caller replaces any of them. The driver maps the class archive of class_archive.py when it
+exists (a session gets to its first results 4-7 s sooner).
 """
 
 from __future__ import annotations
