@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, TypeVar
 
+from sparkpoint.agent.spark.preload import preload
 from sparkpoint.agent.spark.traffic import DriverTraffic
 from sparkpoint.agent.spark.worker_gc import in_task
 
@@ -66,12 +67,15 @@ class SparkJobs:
         """The task slots Spark has now (``local[N]``: N; a cluster: its executors' cores)."""
         return int(self.context.defaultParallelism)
 
-    def warm_up(self, parallelism: int) -> None:
-        """Starts Spark and its Python workers: a session takes 10 s or more to its first
-        result, and nothing that follows should wait for that."""
+    def warm_up(self, parallelism: int) -> list[int]:
+        """Starts Spark and its Python workers, which import what the agent's tasks need (a
+        session takes 4 s or more to its first result, a worker 1 s to its imports, and nothing
+        that follows should wait for them); a task per task slot, at least ``parallelism``.
+        Returns how many modules each task imported."""
         sc = self.context
         sc.setJobDescription("warm-up")
-        sc.parallelize(range(parallelism), parallelism).map(lambda x: x).collect()
+        tasks = max(parallelism, self.cores())
+        return list(sc.parallelize(range(tasks), tasks).map(preload).collect())
 
     def run(
         self,
