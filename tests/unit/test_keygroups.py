@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sparkpoint.common import keygroups
 from sparkpoint.common.keygroups import (
     KeyGroupRange,
     default_max_parallelism,
@@ -139,6 +140,29 @@ def test_columns_give_the_same_groups_as_single_keys() -> None:
             key_group(k.item() if hasattr(k, "item") else k, 128) for k in column
         ]
     assert key_groups([], 128).tolist() == []
+
+
+def test_a_pandas_string_column_gives_each_keys_group_also_from_kept_hashes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(keygroups, "_string_hashes", {})
+    monkeypatch.setattr(keygroups, "STRING_HASHES_KEPT", 50)  # forgotten now and then
+    rng = random.Random(5)
+    for _ in range(4):  # calls after the first find most hashes kept
+        column = pd.Series([f"u{rng.randrange(120)}" for _ in range(400)] + ["ü€𝄞"]).to_numpy()
+        assert column.dtype == object
+        for max_parallelism in (128, 7):
+            expected = [key_group(k, max_parallelism) for k in column]
+            assert key_groups(column, max_parallelism).tolist() == expected
+    assert 0 < len(keygroups._string_hashes) <= 50
+
+
+def test_an_object_column_of_mixed_types_keeps_one_true_and_one_point_zero_apart() -> None:
+    # equal as dictionary keys, three Java hash codes: Long 1, Boolean true, Double 1.0
+    column = pd.Series([1, True, 1.0, "1", (1, "a"), b"x", 2**40, 1]).to_numpy()
+    assert column.dtype == object
+    assert key_groups(column, 128).tolist() == [key_group(k, 128) for k in column]
+    assert len({key_group(k, 128) for k in (1, True, 1.0)}) == 3
 
 
 def test_operator_indexes_of_a_column_are_operator_index_of_each_group() -> None:
