@@ -268,11 +268,14 @@ def take(
             one(reads, message)
         return
     # a record's partition and offset are never None (only an error's may be)
-    if topic is None:
-        names = cast(Names, [(str(message.topic()), message.partition()) for message in messages])
-    else:
-        names = cast(Names, [(topic, message.partition()) for message in messages])
     offsets = cast(list[int], [message.offset() for message in messages])
+    if topic is not None:  # runs told apart by partition alone: no tuple per record
+        parts = cast(list[int], [message.partition() for message in messages])
+        cuts = [i for i in range(1, len(parts)) if parts[i] != parts[i - 1]]
+        for start, stop in pairwise([0, *cuts, len(parts)]):
+            reads[(topic, parts[start])].take_run(messages[start:stop], offsets[start:stop])
+        return
+    names = cast(Names, [(str(message.topic()), message.partition()) for message in messages])
     cuts = [i for i in range(1, len(names)) if names[i] != names[i - 1]]
     for start, stop in pairwise([0, *cuts, len(names)]):
         reads[names[start]].take_run(messages[start:stop], offsets[start:stop])
