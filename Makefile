@@ -64,7 +64,8 @@ bench: install
 	$(MAKE) latency
 	$(MAKE) peers
 
-# sparkpoint against quixstreams and bytewax (bench/peers.py). The peers get a venv of their
+# sparkpoint against quixstreams, bytewax, Spark Structured Streaming and a hand-written loop
+# (bench/peers.py). quixstreams and bytewax get a venv of their
 # own: quixstreams needs an older confluent-kafka than sparkpoint pins.
 PEERS := .venv-peers
 $(PEERS)/.installed: bench/peers-requirements.txt

@@ -31,6 +31,18 @@ def live_option() -> bool:
     return True
 
 
+def option(name: str, default: str) -> str:
+    """``--name VALUE`` taken off the command line before `arguments` parses the rest (options
+    only some job scripts have), or ``default``."""
+    flag = f"--{name}"
+    if flag not in sys.argv:
+        return default
+    at = sys.argv.index(flag)
+    value = sys.argv[at + 1]
+    del sys.argv[at : at + 2]
+    return value
+
+
 def arguments(description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--bootstrap", required=True)
