@@ -725,8 +725,9 @@ def checked(system: str, output: pd.DataFrame, data: Workload, result: dict[str,
     found = check(output, data)
     if system == "spark-agg":
         found["one_output_per_record"] = False
-        found["exact"] = found["wrong"] == found["duplicates"] == 0
-        found["exact"] = found["exact"] and found["users_with_wrong_last_sum"] == 0
+        found["exact"] = (
+            found["wrong"] == found["duplicates"] == found["users_with_wrong_last_sum"] == 0
+        )
     if result.get("partial"):
         found = {
             "output_records": found["output_records"],

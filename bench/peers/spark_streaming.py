@@ -137,10 +137,7 @@ def run(
             "generated code was made with)"
         )
     cap = max_records_per_batch or MAX_RECORDS_PER_BATCH[query]
-    for key, value in spark_conf().items():
-        spark.conf.set(key, value)
-    cloudpickle.register_pickle_by_value(source)  # type: ignore[no-untyped-call]
-    spark.dataSource.register(source.KafkaJsonSource)
+    prepare(spark)
     output = f"{topic}-spark-{query}"
     admin = make_admin(bootstrap)
     admin.create_topics([NewTopic(output, OUTPUT_PARTITIONS, 1)])[output].result(30)
@@ -177,6 +174,20 @@ def run(
     }
     print(one_line(figures))
     return figures
+
+
+def prepare(spark: SparkSession) -> None:
+    """Sets `spark_conf` on the session and registers the Kafka source (its module pickled by
+    value: the workers do not import it from bench/)."""
+    for key, value in spark_conf().items():
+        spark.conf.set(key, value)
+    cloudpickle.register_pickle_by_value(source)  # type: ignore[no-untyped-call]
+    spark.dataSource.register(source.KafkaJsonSource)
+
+
+def state_commit_ms(batch: dict[str, Any]) -> int:
+    """A micro-batch's state store commits (RocksDB's changelog written), over its operators."""
+    return sum(int(op["commitTimeMs"]) for op in batch["stateOperators"])
 
 
 def has_protobuf() -> bool:
@@ -394,11 +405,7 @@ def summary(
             part: percentiles([duration(batch, part) for batch in update])
             for part in ("triggerExecution", "walCommit", "commitOffsets", "addBatch")
         }
-        | {
-            "state_commit": percentiles(
-                [sum(op["commitTimeMs"] for op in batch["stateOperators"]) for batch in update]
-            )
-        },
+        | {"state_commit": percentiles([state_commit_ms(batch) for batch in update])},
         "state_bytes_per_batch": percentiles(
             [written.get(batch["batchId"] + 1, 0) for batch in update]
         ),

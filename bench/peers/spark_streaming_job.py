@@ -29,9 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: recording
 
 import spark_streaming
-import spark_streaming_source as source
 from common import arguments, option, report
-from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 from recording import percentiles
 
@@ -42,13 +40,9 @@ def main() -> None:
     time_limit = float(option("time-limit", "600"))
     args = arguments(__doc__ or "")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need confluent-kafka
-    builder = SparkSession.builder.master("local[2]").appName(args.name)
-    for key, value in spark_streaming.spark_conf().items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = SparkSession.builder.master("local[2]").appName(args.name).getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    cloudpickle.register_pickle_by_value(source)  # type: ignore[no-untyped-call]
-    spark.dataSource.register(source.KafkaJsonSource)
+    spark_streaming.prepare(spark)
     progress = spark_streaming.ProgressLog()
     spark.streams.addListener(progress)
     sink = spark_streaming.KafkaSink(args.bootstrap, args.output)
@@ -76,7 +70,7 @@ def main() -> None:
             "checkpoint_durations_ms": [
                 spark_streaming.duration(batch, "walCommit")
                 + spark_streaming.duration(batch, "commitOffsets")
-                + sum(op["commitTimeMs"] for op in batch["stateOperators"])
+                + spark_streaming.state_commit_ms(batch)
                 for batch in batches
             ],
             "batch_ms": percentiles(

@@ -204,7 +204,11 @@ def key_groups(
         codes = (longs ^ (longs >> np.uint64(32))).astype(np.uint32)  # Long.hashCode
         return (_murmur_hash_array(codes) % max_parallelism).astype(np.int32)
     array = keys if isinstance(keys, np.ndarray) else np.asarray(keys)
-    if array.ndim == 1 and array.dtype.kind in "USfb":
+    if array.ndim == 1 and (
+        array.dtype.kind == "U" or (array.dtype == object and _all_strings(array))
+    ):
+        return _string_key_groups(array, max_parallelism)
+    if array.ndim == 1 and array.dtype.kind in "Sfb":
         # hash each distinct key once (numpy's unique is C), then spread the groups back
         distinct, positions = np.unique(array, return_inverse=True)
         groups = np.fromiter(
@@ -213,8 +217,6 @@ def key_groups(
             count=len(distinct),
         )
         return groups[positions.reshape(-1)]
-    if array.ndim == 1 and array.dtype == object and _all_strings(array):
-        return _string_key_groups(array, max_parallelism)
     # tuples, mixed types: a dictionary of distinct keys, by type too (1, 1.0 and True are one
     # key of a dictionary, three Java hash codes)
     cache: dict[tuple[type, Any], int] = {}
@@ -229,7 +231,7 @@ def key_groups(
 
 
 STRING_HASHES_KEPT = 200_000
-"""Strings whose murmur hash `_object_key_groups` keeps between calls, at most (about 30 MB);
+"""Strings whose murmur hash `_string_key_groups` keeps between calls, at most (about 30 MB);
 the kept ones are forgotten all at once when that many are kept."""
 
 _string_hashes: dict[str, int] = {}
@@ -242,7 +244,7 @@ def _all_strings(keys: npt.NDArray[Any]) -> bool:
 
 
 def _string_key_groups(keys: npt.NDArray[Any], max_parallelism: int) -> npt.NDArray[np.int32]:
-    """Key groups of an object column of strings (as pandas holds them): distinct values by
+    """Key groups of a column of strings (numpy's, or pandas' object column): distinct values by
     pandas' hash table, each hashed once, and a string's hash kept for the calls after: a worker
     sees the same keys round after round, and hashing a string's UTF-16 code units in Python
     takes about 3 us, a hundred times a lookup (a stage-1 task's key groups of 50,000 records

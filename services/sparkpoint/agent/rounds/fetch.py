@@ -251,10 +251,6 @@ def read_ranges(tasks: list[FetchTask]) -> list[PartitionRead]:
     return [reads[(t.topic, t.partition)] for t in tasks]
 
 
-Names = list[tuple[str, int]]
-"""(topic, partition) per message of a fetch."""
-
-
 def take(
     reads: dict[tuple[str, int], PartitionRead], messages: list[Message], topic: str | None
 ) -> None:
@@ -270,15 +266,13 @@ def take(
     # a record's partition and offset are never None (only an error's may be)
     offsets = cast(list[int], [message.offset() for message in messages])
     if topic is not None:  # runs told apart by partition alone: no tuple per record
-        parts = cast(list[int], [message.partition() for message in messages])
-        cuts = [i for i in range(1, len(parts)) if parts[i] != parts[i - 1]]
-        for start, stop in pairwise([0, *cuts, len(parts)]):
-            reads[(topic, parts[start])].take_run(messages[start:stop], offsets[start:stop])
-        return
-    names = cast(Names, [(str(message.topic()), message.partition()) for message in messages])
-    cuts = [i for i in range(1, len(names)) if names[i] != names[i - 1]]
-    for start, stop in pairwise([0, *cuts, len(names)]):
-        reads[names[start]].take_run(messages[start:stop], offsets[start:stop])
+        runs: list[object] = [message.partition() for message in messages]
+    else:
+        runs = [(str(message.topic()), message.partition()) for message in messages]
+    cuts = [i for i in range(1, len(runs)) if runs[i] != runs[i - 1]]
+    for start, stop in pairwise([0, *cuts, len(runs)]):
+        name = cast(tuple[str, int], runs[start] if topic is None else (topic, runs[start]))
+        reads[name].take_run(messages[start:stop], offsets[start:stop])
 
 
 def one(reads: dict[tuple[str, int], PartitionRead], message: Message) -> None:

@@ -67,15 +67,14 @@ class SparkJobs:
         """The task slots Spark has now (``local[N]``: N; a cluster: its executors' cores)."""
         return int(self.context.defaultParallelism)
 
-    def warm_up(self, parallelism: int) -> list[int]:
+    def warm_up(self, parallelism: int) -> None:
         """Starts Spark and its Python workers, which import what the agent's tasks need (a
         session takes 4 s or more to its first result, a worker 1 s to its imports, and nothing
-        that follows should wait for them); a task per task slot, at least ``parallelism``.
-        Returns how many modules each task imported."""
+        that follows should wait for them); a task per task slot, at least ``parallelism``."""
         sc = self.context
         sc.setJobDescription("warm-up")
         tasks = max(parallelism, self.cores())
-        return list(sc.parallelize(range(tasks), tasks).map(preload).collect())
+        sc.parallelize(range(tasks), tasks).map(preload).collect()
 
     def run(
         self,
