@@ -18,12 +18,15 @@ from typing import Any
 
 import pytest
 import yaml
+from confluent_kafka import Producer
 
 from sparkpoint.agent.example import generate, payments, reference_output
 from sparkpoint.agent.runtime import Agent
 from sparkpoint.agent.sinks import kafka as sink_kafka
 from sparkpoint.agent.sinks.kafka import KafkaSinkWriter, Publish
+from sparkpoint.agent.spark.jobs import SparkJobs
 from sparkpoint.common.events import JobStatus
+from sparkpoint.common.kafka import producer_config
 from tests import agent_jobs
 from tests.agent_jobs import AlwaysFailing, FailingOnce, Slow, build
 from tests.conftest import KafkaUnderTest
@@ -117,7 +120,9 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
     """The first commit fails half-way (its marker refused; the real producer aborts the
     transaction): the restart builds a new sink. The function's failure later restarts the job
     with every commit through: that sink is kept. The failing commit runs in this process (a
-    Spark task's cannot be scripted from here), the others in Spark tasks."""
+    Spark task's cannot be scripted from here), the others in Spark tasks: the sink publishes
+    as on a cluster (with a local master it writes ahead, `test_a_fenced_write_ahead_...`)."""
+    monkeypatch.setattr(SparkJobs, "local", property(lambda _: False))
     output = unique("stats")
     job = build(unique("commit"), topic, output, max_records=100, settings=FAST_RESTARTS)
     renewed = tmp_path / "renewed"  # the function fails only in a round of the renewed sink,
@@ -127,7 +132,7 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
     agent = in_process(job, coordinator, spark)
     first_sink = agent.sink
     assert isinstance(first_sink, KafkaSinkWriter)
-    run, send = first_sink.run, sink_kafka._send
+    run, send = first_sink.run, sink_kafka.send_records
     refused: list[str] = []
 
     def refuse_the_first_marker(work: Callable[[Any], int], tasks: list[Publish]) -> list[int]:
@@ -145,7 +150,7 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
             send(producer, topic, *records)
 
         with monkeypatch.context() as patch:
-            patch.setattr(sink_kafka, "_send", send_but_the_marker)
+            patch.setattr(sink_kafka, "send_records", send_but_the_marker)
             return [work(task)]
 
     first_sink.run = refuse_the_first_marker
@@ -166,6 +171,42 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
     assert "committing a sink epoch failed" in str(agent.failures[0])
+
+
+def test_a_fenced_write_ahead_fails_its_commit_and_the_restore_publishes_exactly_once(
+    coordinator: Running, spark: Any, topic: str, expected: list[Output]
+) -> None:
+    """With a local master the sink writes ahead (`sinks.ahead`). Once a checkpoint completed,
+    another producer of the sink's transactional id fences the write-ahead process: its open
+    transaction is aborted and its next commit fails. The job restarts with a new sink (and a
+    new process), and the restore publishes the completed epochs: the output is exact."""
+    output = unique("stats")
+    job = replace(
+        build(unique("fenced"), topic, output, max_records=100, settings=FAST_RESTARTS),
+        function=Slow(200),
+    )
+    agent = in_process(job, coordinator, spark)
+    first_sink = agent.sink
+    assert isinstance(first_sink, KafkaSinkWriter) and first_sink.writes_ahead
+    fenced: list[int] = []
+
+    def fence_once_a_checkpoint_completed(running: Agent) -> None:
+        if not fenced and running.completed_checkpoints and running.sink is first_sink:
+            zombie_hunter = Producer(
+                producer_config(coordinator.bootstrap, transactional_id=first_sink.transactional_id)
+            )
+            zombie_hunter.init_transactions(30)
+            fenced.append(running.completed_checkpoints[-1])
+
+    agent.on_round = fence_once_a_checkpoint_completed
+
+    status = agent.run()
+
+    assert status is JobStatus.FINISHED and fenced and agent.restarts == 1
+    assert agent.sink is not first_sink and agent.sink.writes_ahead
+    assert "committing a sink epoch failed" in str(agent.failures[0])
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
 
 
 def test_an_epoch_still_being_published_is_named_by_the_next_checkpoint(

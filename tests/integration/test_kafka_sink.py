@@ -4,6 +4,8 @@ retried publishing task does not publish an epoch its lost attempt committed."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,11 +16,14 @@ from confluent_kafka import Consumer, TopicPartition
 
 from sparkpoint.agent.job import SIDE_OUTPUT, DeliveryGuarantee, KafkaSink
 from sparkpoint.agent.rounds.frames import to_ipc
+from sparkpoint.agent.sinks import PublishedEpoch, outputs_digest
 from sparkpoint.agent.sinks import kafka as sink_kafka
+from sparkpoint.agent.sinks.ahead import AheadPublisher
 from sparkpoint.agent.sinks.kafka import TRANSACTION_HEADER, KafkaSinkWriter
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.kafka import consumer_config, make_admin
 from sparkpoint.common.topics import create_topics
+from sparkpoint.testing.cluster import committed_values
 from tests.conftest import KafkaUnderTest
 
 QUEUE_MESSAGES = 1_000
@@ -171,3 +176,176 @@ def test_rows_naming_a_side_output_go_to_its_topic_in_the_epochs_transaction(
     assert sorted(key for key, _, _ in in_late) == [b"u2", b"u4"]
     assert all(SIDE_OUTPUT.encode() not in value for _, value, _ in in_main + in_late)
     assert len({token for _, _, token in in_main + in_late}) == 1, "one transaction"
+
+
+# --- writing ahead (`sinks.ahead`) -------------------------------------------------------------------
+
+
+def staged_users(tmp_path: Path, name: str, users: range) -> str:
+    path = tmp_path / name
+    path.write_bytes(to_ipc(pd.DataFrame({"user": [f"u{n}" for n in users]})))
+    return str(path)
+
+
+def committed_users(bootstrap: str, topic: str) -> list[str]:
+    return sorted(v.decode() for v in committed_values(bootstrap, topic))
+
+
+def test_written_ahead_output_is_invisible_until_its_epoch_commits_with_the_rest(
+    kafka: KafkaUnderTest,
+    topic_prefix: str,
+    new_topic: Callable[..., str],
+    codec: EventCodec,
+    tmp_path: Path,
+) -> None:
+    """Files written ahead wait in the open transaction (a read_committed reader sees none of
+    them); the commit adds the epoch's other files and the marker: one transaction, its marker
+    naming the epoch and all of its files."""
+    create_topics(make_admin(kafka.bootstrap), partitions=1)
+    topic = new_topic()
+    first, second = (
+        staged_users(tmp_path, "a.arrow", range(300)),
+        staged_users(tmp_path, "b.arrow", range(300, 400)),
+    )
+    writer = KafkaSinkWriter(
+        KafkaSink(topic),
+        kafka.bootstrap,
+        codec,
+        "job-ahead",
+        "a-1",
+        "user",
+        write_ahead=AheadPublisher,
+    )
+    try:
+        assert writer.writes_ahead
+        writer.write_ahead([first])
+        time.sleep(1.0)  # time to produce: still nothing committed
+        assert read_committed_count(kafka.bootstrap, topic) == 0
+        assert writer.publish_epoch(5, [first, second]) == 400
+        published = writer.published()
+    finally:
+        writer.close()
+
+    assert published == PublishedEpoch(5, outputs_digest([first, second]))
+    records = read_all(kafka.bootstrap, topic, 400)
+    assert len(records) == 400 and len({token for _, _, token in records}) == 1
+
+
+def test_a_commit_refuses_an_open_transaction_holding_another_epochs_files_and_aborts_it(
+    kafka: KafkaUnderTest,
+    topic_prefix: str,
+    new_topic: Callable[..., str],
+    codec: EventCodec,
+    tmp_path: Path,
+) -> None:
+    """The ledger writes ahead only the oldest epoch's files; were a later epoch's written, its
+    commit would publish them before their checkpoint completed. The process refuses, aborts,
+    and the next epoch starts a clean transaction; `abort_ahead` drops what was written."""
+    create_topics(make_admin(kafka.bootstrap), partitions=1)
+    topic = new_topic()
+    later, own = (
+        staged_users(tmp_path, "l.arrow", range(50)),
+        staged_users(tmp_path, "o.arrow", range(50, 60)),
+    )
+    dropped, kept = (
+        staged_users(tmp_path, "d.arrow", range(60, 70)),
+        staged_users(tmp_path, "k.arrow", range(70, 75)),
+    )
+    writer = KafkaSinkWriter(
+        KafkaSink(topic),
+        kafka.bootstrap,
+        codec,
+        "job-refused",
+        "a-1",
+        "user",
+        write_ahead=AheadPublisher,
+    )
+    try:
+        writer.write_ahead([later])
+        with pytest.raises(RuntimeError, match="not epoch 1's"):
+            writer.publish_epoch(1, [own])
+        assert writer.publish_epoch(1, [own]) == 10, "a clean transaction after the refusal"
+        writer.write_ahead([dropped])
+        writer.abort_ahead()
+        assert writer.publish_epoch(2, [kept]) == 5
+    finally:
+        writer.close()
+
+    assert committed_users(kafka.bootstrap, topic) == sorted(
+        f'{{"user":"u{n}"}}' for n in [*range(50, 60), *range(70, 75)]
+    )
+
+
+def test_a_write_ahead_process_that_died_fails_the_commit_by_name(
+    kafka: KafkaUnderTest, topic_prefix: str, new_topic: Callable[..., str], codec: EventCodec,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    create_topics(make_admin(kafka.bootstrap), partitions=1)
+    topic = new_topic()
+    writer = KafkaSinkWriter(
+        KafkaSink(topic),
+        kafka.bootstrap,
+        codec,
+        "job-dead",
+        "a-1",
+        "user",
+        write_ahead=AheadPublisher,
+    )
+    try:
+        writer.write_ahead([staged_users(tmp_path, "x.arrow", range(5))])
+        assert writer.ahead is not None
+        writer.ahead._started()
+        process = writer.ahead._process
+        assert process.pid is not None
+        os.kill(process.pid, signal.SIGKILL)
+        process.join(10)
+        with pytest.raises(RuntimeError, match="publisher process ended"):
+            writer.publish_epoch(1, [])
+    finally:
+        writer.close()
+    assert committed_users(kafka.bootstrap, topic) == []
+
+
+def read_committed_count(bootstrap: str, topic: str) -> int:
+    consumer = Consumer(consumer_config(bootstrap, read_committed=True))
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    try:
+        return sum(1 for m in consumer.consume(10_000, 1.0) if m.error() is None)
+    finally:
+        consumer.close()
+
+
+def test_a_sink_whose_write_ahead_process_cannot_start_publishes_each_epoch_whole(
+    kafka: KafkaUnderTest,
+    topic_prefix: str,
+    new_topic: Callable[..., str],
+    codec: EventCodec,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(A script without a main guard re-runs itself in a forked process and fails there.)
+    The writer says so and publishes every file of the epoch when it completes, as on a
+    cluster: what it meant to write ahead is not lost."""
+    create_topics(make_admin(kafka.bootstrap), partitions=1)
+    topic = new_topic()
+    monkeypatch.setattr(AheadPublisher, "started", lambda _: False)
+    writer = KafkaSinkWriter(
+        KafkaSink(topic),
+        kafka.bootstrap,
+        codec,
+        "job-fallback",
+        "a-1",
+        "user",
+        write_ahead=AheadPublisher,
+    )
+    first, second = (
+        staged_users(tmp_path, "f.arrow", range(7)),
+        staged_users(tmp_path, "s.arrow", range(7, 10)),
+    )
+    try:
+        writer.write_ahead([first])
+        assert not writer.writes_ahead and writer.ahead is None
+        assert writer.publish_epoch(1, [first, second]) == 10
+    finally:
+        writer.close()
+    assert len(committed_users(kafka.bootstrap, topic)) == 10

@@ -10,7 +10,8 @@ the agent process with SIGKILL the n-th time (default: first) it passes the name
 - ``after-complete``: a checkpoint's completion arrived, before the sinks committed its epoch;
 - ``after-complete-in-flight``: the same, counting only checkpoints that persisted in-flight
   records as channel state (so a restore from it has channel state to process);
-- ``mid-publish``: the Kafka sink's transaction holds half of an epoch's records, not committed;
+- ``mid-publish``: the Kafka sink's transaction holds an epoch's records (half of them when
+  they were not written ahead), delivered and not committed;
 - ``declined-in-recovery``: a trigger was declined TASK_NOT_READY while restored channel state
   was still being split or processed (inside recovery);
 - ``during-recovery``: a job splitting restored channel state by owner finished, some of the

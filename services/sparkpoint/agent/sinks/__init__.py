@@ -84,9 +84,21 @@ def inline(work: Callable[[Any], int], tasks: list[Any]) -> list[int]:
 
 class SinkWriter(Protocol):
     exactly_once: bool
+    writes_ahead: bool
+    """Exactly-once output goes into an open transaction as soon as it is staged, and a
+    completion only commits it (`write_ahead`); otherwise an epoch is written when it commits."""
 
     def publish_epoch(self, epoch: int, outputs: list[str]) -> int:
         """Makes epoch ``epoch``'s staged output visible (exactly-once: atomically, once)."""
+        ...
+
+    def write_ahead(self, outputs: list[str]) -> None:
+        """Staged files into the open transaction, ahead of their epoch's `publish_epoch`."""
+        ...
+
+    def abort_ahead(self) -> None:
+        """What was written ahead and not committed is dropped (a failed attempt's: its restore
+        stages that output again)."""
         ...
 
     def direct(self) -> Emit | None:
@@ -99,6 +111,21 @@ class SinkWriter(Protocol):
         """The newest epoch already visible; None when the sink has no such record and proves
         each file instead (publishing is idempotent by name)."""
         ...
+
+    def close(self) -> None: ...
+
+
+class WriteAhead(Protocol):
+    """What holds an exactly-once sink's open transaction and writes staged output into it
+    before its epoch commits (`sinks.ahead.AheadPublisher`)."""
+
+    def started(self) -> bool: ...
+
+    def produce(self, paths: list[str]) -> None: ...
+
+    def commit(self, epoch: int, outputs: list[str], crash: bool = False) -> int: ...
+
+    def reset(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -117,12 +144,22 @@ class EpochCommitter:
     def __init__(self, sink: SinkWriter, job_id: str) -> None:
         self.sink = sink
         self.job_id = job_id
-        self._queue: queue.Queue[tuple[int, list[str], bool] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[int | None, list[str], bool] | None] = queue.Queue()
+        """Epochs to publish (epoch, files, delete) and files to write ahead (None, files, _),
+        in the order the ledger gave them."""
         self._error: BaseException | None = None
         self.published_through = 0
         """The newest epoch this committer made visible (epochs are published in order)."""
         self._thread = threading.Thread(target=self._run, name=f"commit-{job_id}", daemon=True)
         self._thread.start()
+
+    @property
+    def writes_ahead(self) -> bool:
+        return self.sink.writes_ahead
+
+    def write_ahead(self, outputs: list[str]) -> None:
+        """Staged files into the sink's open transaction, after the epochs submitted before."""
+        self._queue.put((None, outputs, False))
 
     def submit(self, epoch: int, outputs: list[str], delete: bool = True) -> None:
         """Publishes an epoch; ``delete``: its staged files are this agent's, removed once
@@ -133,7 +170,11 @@ class EpochCommitter:
         while (item := self._queue.get()) is not None:
             epoch, outputs, delete = item
             try:
-                if self._error is None:
+                if self._error is not None:
+                    pass
+                elif epoch is None:
+                    self.sink.write_ahead(outputs)
+                else:
                     count = self.sink.publish_epoch(epoch, outputs)
                     log.info("job %s: epoch %d committed (%d records)", self.job_id, epoch, count)
                     self.published_through = max(self.published_through, epoch)

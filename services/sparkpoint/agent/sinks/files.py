@@ -94,6 +94,8 @@ class FileSinkWriter:
         self.sink = sink
         self.job_id = job_id
         self.exactly_once = sink.delivery_guarantee is DeliveryGuarantee.EXACTLY_ONCE
+        self.writes_ahead = False
+        """A part file appears by a rename when its epoch commits: nothing to write ahead."""
         self.run = run
         fs, root = url_to_fs(sink.directory)
         fs.makedirs(root, exist_ok=True)
@@ -102,6 +104,12 @@ class FileSinkWriter:
         """One part file per staged file, written by a task each (in parallel)."""
         parts = [Part(self.sink.directory, part_name(epoch, o), (o,)) for o in outputs]
         return sum(self.run(commit_part, parts))
+
+    def write_ahead(self, outputs: list[str]) -> None:
+        raise RuntimeError("a file sink does not write ahead")
+
+    def abort_ahead(self) -> None:
+        pass
 
     def direct(self) -> Emit | None:
         return None if self.exactly_once else DirectPart(self.sink.directory)

@@ -1,5 +1,6 @@
 """The job's sink writer and its committer, across the attempts of the job: made from the job's
-sink (Kafka or files), publishing from executors through Spark jobs in the pool ``sink``, kept
+sink (Kafka or files), publishing from executors through Spark jobs in the pool ``sink`` (an
+exactly-once Kafka sink with a local master writes ahead from a process of its own), kept
 across a restart when every commit went through (an exactly-once sink), built anew otherwise."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 
 from sparkpoint.agent.job import FileSink, Job, KafkaSink
 from sparkpoint.agent.sinks import EpochCommitter, SinkWriter
+from sparkpoint.agent.sinks.ahead import AheadPublisher
 from sparkpoint.agent.sinks.files import FileSinkWriter
 from sparkpoint.agent.sinks.kafka import KafkaSinkWriter
 from sparkpoint.agent.spark.jobs import SINK_POOL, SparkJobs
@@ -33,9 +35,11 @@ class JobSink:
     def _make(self) -> SinkWriter:
         sink = self.job.sink
         if isinstance(sink, KafkaSink):
+            # with a local master the write-ahead process runs beside the executors; on a
+            # cluster an epoch is published by a task, so records never reach the driver's host
             return KafkaSinkWriter(
                 sink, self.bootstrap, self.codec, self.job.id, self.agent_id, self.job.key,
-                run=self.run,
+                run=self.run, write_ahead=AheadPublisher if self.jobs.local else None,
             )  # fmt: skip
         if isinstance(sink, FileSink):
             return FileSinkWriter(sink, self.job.id, run=self.run)
@@ -58,6 +62,8 @@ class JobSink:
         try:
             self.committer.drain()
             sound = self.writer.exactly_once
+            if sound:  # what it wrote ahead for the failed attempt: the restore stages it again
+                self.writer.abort_ahead()
         except Exception as exc:  # that epoch is published again by the restore
             log.warning("job %s: %s", self.job.id, exc)
             sound = False

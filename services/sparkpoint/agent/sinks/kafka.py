@@ -15,11 +15,14 @@ the checkpoint completes):
 The transactional id is fixed per job and sink, so a restarted agent's ``init_transactions``
 aborts whatever a killed predecessor left open (zombie fencing).
 
-Records never pass through the driver: an epoch is published by one Spark task (`publish`, run
-by the agent's `SinkRunner`), which reads the staged files where stage 2 wrote them and produces them in
-the epoch's transaction; the driver sends the files' names and gets the count back. One task
-holds the whole transaction, so an epoch is still atomic, and the fixed transactional id still
-fences: each publishing task's ``init_transactions`` aborts what an earlier one left open.
+Records never pass through the driver. With a local master the sink writes ahead
+(`sinks.ahead`): a process of the agent's holds the open transaction, produces each round's
+staged files into it as they appear, and a completion only commits. On a cluster an epoch is
+published by one Spark task (`publish`, run by the agent's `SinkRunner`), which reads the staged
+files where stage 2 wrote them and produces them in the epoch's transaction; the driver sends
+the files' names and gets the count back. One process holds the whole transaction either way,
+so an epoch is atomic, and the fixed transactional id fences: each new producer's
+``init_transactions`` aborts what an earlier one left open.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -41,6 +45,7 @@ from sparkpoint.agent.sinks import (
     Emit,
     PublishedEpoch,
     SinkRunner,
+    WriteAhead,
     inline,
     outputs_digest,
     read_outputs,
@@ -106,7 +111,7 @@ process and its workers die, as a killed agent leaves its transaction."""
 
 
 @cache
-def _codec() -> EventCodec:
+def marker_codec() -> EventCodec:
     """The marker's codec, built once per Python worker."""
     return EventCodec()
 
@@ -121,11 +126,13 @@ def publish(task: Publish) -> int:
     # a producer of its own: its init_transactions fences and aborts whatever an earlier one of
     # the sink's transactional id left open (a kept producer per worker would be fenced by the
     # other workers' in turn, and find out only once it had produced the epoch)
-    producer = _producer(task.sink, task.bootstrap, task.job_id, task.transactional_id, task.client)
+    producer = sink_producer(
+        task.sink, task.bootstrap, task.job_id, task.transactional_id, task.client
+    )
     digest = outputs_digest(list(task.outputs))
     if _retried():  # the lost attempt may have committed: then the epoch is visible already
         done = newest_marker(
-            producer, task.bootstrap, _codec(), task.markers, task.job_id, task.sink.topic,
+            producer, task.bootstrap, marker_codec(), task.markers, task.job_id, task.sink.topic,
             task.client,
         )  # fmt: skip
         if done is not None and done.epoch == task.epoch and done.outputs_digest == digest:
@@ -133,20 +140,27 @@ def publish(task: Publish) -> int:
     producer.begin_transaction()
     token = uuid.uuid4().hex
     try:
-        count = _produce(producer, task, frame, token)
+        count = queue_frame(producer, task, frame, token)
         if task.crash_halfway:
             _LEFT_OPEN.append(producer)
             return count
-        marker = SinkEpochPublished(
-            task.job_id, task.sink.topic, task.epoch, count, task.agent_id,
-            int(time.time() * 1000), outputs_digest=digest, transaction=token,
-        )  # fmt: skip
-        _send(producer, task.markers, [_codec().encode(marker)], [task.job_id.encode()])
-        producer.commit_transaction(TRANSACTION_TIMEOUT_S)
+        commit_epoch(producer, task, task.epoch, count, digest, token)
     except Exception:
         producer.abort_transaction(30)
         raise
     return count
+
+
+def commit_epoch(
+    producer: Producer, task: Publish, epoch: int, count: int, digest: str, token: str
+) -> None:
+    """The epoch's `SinkEpochPublished` marker into the open transaction, then the commit."""
+    marker = SinkEpochPublished(
+        task.job_id, task.sink.topic, epoch, count, task.agent_id, int(time.time() * 1000),
+        outputs_digest=digest, transaction=token,
+    )  # fmt: skip
+    send_records(producer, task.markers, [marker_codec().encode(marker)], [task.job_id.encode()])
+    producer.commit_transaction(TRANSACTION_TIMEOUT_S)
 
 
 @dataclass
@@ -184,11 +198,13 @@ def publish_frame(task: Publish, frame: pd.DataFrame) -> int:
     kept = _KEPT.get(key)
     if kept is None:
         undelivered = Undelivered()
-        producer = _producer(task.sink, task.bootstrap, task.job_id, None, task.client, undelivered)
+        producer = sink_producer(
+            task.sink, task.bootstrap, task.job_id, None, task.client, undelivered
+        )
         kept = _KEPT[key] = (producer, undelivered)
     producer, undelivered = kept
     try:
-        count = _produce(producer, task, frame, None)
+        count = queue_frame(producer, task, frame, None)
         remaining = producer.flush(60)
         if remaining:
             raise RuntimeError(f"{remaining} records to {task.sink.topic} not delivered")
@@ -240,7 +256,7 @@ def newest_marker(
     return max(found, key=lambda m: m.epoch, default=None)
 
 
-def _producer(
+def sink_producer(
     sink: KafkaSink,
     bootstrap: str,
     job_id: str,
@@ -271,7 +287,7 @@ def _producer(
     return producer
 
 
-def _produce(
+def queue_frame(
     producer: Producer, task: Publish, frame: pd.DataFrame, transaction: str | None
 ) -> int:
     """Queues ``frame``'s records: each to the sink's topic, or to the topic of the side output
@@ -321,14 +337,14 @@ def _produce_to(
     )
     if task.crash_halfway:
         middle = len(values) // 2 + 1
-        _send(producer, topic, values[:middle], keys[:middle], headers)
+        send_records(producer, topic, values[:middle], keys[:middle], headers)
         producer.flush(30)  # half of the records delivered, the transaction open
         return middle
-    _send(producer, topic, values, keys, headers)
+    send_records(producer, topic, values, keys, headers)
     return len(values)
 
 
-def _send(
+def send_records(
     producer: Producer,
     topic: str,
     values: list[bytes],
@@ -370,6 +386,7 @@ class KafkaSinkWriter:
         agent_id: str,
         key: str,
         run: SinkRunner = inline,
+        write_ahead: Callable[[Publish], WriteAhead] | None = None,
     ) -> None:
         self.sink = dataclasses.replace(
             sink, value_format=with_registry_settings(sink.value_format)
@@ -385,6 +402,13 @@ class KafkaSinkWriter:
         self.transactional_id = f"{topic_prefix()}sink-{job_id}-{sink.topic}"
         """Fixed per job and sink: a successor's ``init_transactions`` fences the predecessor."""
         self.run = run
+        self.ahead: WriteAhead | None = None
+        """Exactly-once with ``write_ahead`` (`sinks.ahead.AheadPublisher`, made from the
+        sink's settings): the process that holds the open transaction; None: each epoch is
+        published by a task when it completes."""
+        if write_ahead is not None and self.exactly_once:
+            self.ahead = write_ahead(self._task([]))
+        self.writes_ahead = self.ahead is not None
 
     def _task(self, outputs: list[str], epoch: int | None = None, crash: bool = False) -> Publish:
         return Publish(
@@ -394,7 +418,11 @@ class KafkaSinkWriter:
 
     def publish_epoch(self, epoch: int, outputs: list[str]) -> int:
         crash = passes("mid-publish")
-        (count,) = self.run(publish, [self._task(outputs, epoch, crash)])
+        ahead = self._ahead()
+        if ahead is not None:
+            count = ahead.commit(epoch, outputs, crash)
+        else:
+            (count,) = self.run(publish, [self._task(outputs, epoch, crash)])
         if crash:
             kill("mid-publish")
         log.info(
@@ -405,6 +433,32 @@ class KafkaSinkWriter:
             count,
         )
         return count
+
+    def write_ahead(self, outputs: list[str]) -> None:
+        """Staged files into the open transaction now, ahead of their epoch's commit."""
+        ahead = self._ahead()
+        if ahead is not None:
+            ahead.produce(outputs)
+
+    def abort_ahead(self) -> None:
+        ahead = self._ahead()
+        if ahead is not None:
+            ahead.reset()
+
+    def _ahead(self) -> WriteAhead | None:
+        """The write-ahead process; if it could not start, the sink publishes each epoch with
+        a task instead (every file of the epoch: nothing was written ahead)."""
+        if self.ahead is not None and not self.ahead.started():
+            log.warning(
+                "job %s: the sink's write-ahead process did not start; epochs are published "
+                "when they complete instead (a script that runs an agent in its own process "
+                "must guard its main code with if __name__ == '__main__', as multiprocessing "
+                "asks)",
+                self.job_id,
+            )
+            self.ahead.close()
+            self.ahead, self.writes_ahead = None, False
+        return self.ahead
 
     def direct(self) -> Emit | None:
         return None if self.exactly_once else DirectPublish(self._task([]))
@@ -421,7 +475,10 @@ class KafkaSinkWriter:
         """A producer of the sink's transactional id, initialised: a predecessor's transaction
         left open is aborted before the markers are read. At-least-once: a plain producer."""
         transactional = self.transactional_id if self.exactly_once else None
-        return _producer(self.sink, self.bootstrap, self.job_id, transactional, self.client)
+        return sink_producer(self.sink, self.bootstrap, self.job_id, transactional, self.client)
 
     def close(self) -> None:
-        """Nothing to let go: each publishing task has its own producer."""
+        """The write-ahead process ends (its open transaction aborted); without it nothing is
+        held: each publishing task has its own producer."""
+        if self.ahead is not None:
+            self.ahead.close()

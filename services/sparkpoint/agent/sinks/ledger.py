@@ -2,7 +2,12 @@
 same way until they are committed): output staged since the last barrier (unsealed), epochs a
 snapshot sealed whose checkpoint has not completed (sealed), and epochs handed to the committer
 that it has not published yet (committing). A snapshot names every epoch not yet visible; a
-completion commits the epochs it covers; an abort folds its epoch into the next one."""
+completion commits the epochs it covers; an abort folds its epoch into the next one.
+
+A sink that writes ahead (`SinkWriter.writes_ahead`) gets the oldest epoch's output as it is
+staged (`EpochCommitter.write_ahead`), so a completion only commits: only that epoch's, since a
+transaction that held a later epoch's output would make it visible with the earlier checkpoint
+(a restore from that checkpoint would then produce it again)."""
 
 from __future__ import annotations
 
@@ -29,9 +34,12 @@ class EpochLedger:
         """Epoch -> its staged output, for epochs whose checkpoint has not completed."""
         self.committing: dict[int, Outputs] = {}
         """Epochs handed to the committer and not yet published: snapshots still name them."""
+        self.ahead: set[str] = set()
+        """Staged files written ahead into the open transaction, their epoch not submitted."""
 
     def stage(self, outputs: Outputs) -> None:
         self.unsealed.extend(outputs)
+        self._write_ahead()
 
     def seal(self, checkpoint_id: int) -> None:
         """A snapshot of ``checkpoint_id``: everything staged so far is its epoch."""
@@ -55,7 +63,10 @@ class EpochLedger:
             outputs = self.sealed.pop(epoch)
             if outputs:
                 self.committing[epoch] = outputs
-                self.committer.submit(epoch, [path for _, path in outputs])
+                paths = [path for _, path in outputs]
+                self.committer.submit(epoch, paths)
+                self.ahead.difference_update(paths)
+        self._write_ahead()
 
     def fold(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` was aborted: its epoch's output joins the next epoch."""
@@ -67,6 +78,18 @@ class EpochLedger:
             self.sealed[later[0]] = outputs + self.sealed[later[0]]
         else:
             self.unsealed = outputs + self.unsealed
+        self._write_ahead()
+
+    def _write_ahead(self) -> None:
+        """The oldest epoch's output not written ahead yet goes to the open transaction: the
+        oldest sealed epoch's, or (none sealed) what was staged since the last barrier."""
+        if not self.committer.writes_ahead:
+            return
+        oldest = self.sealed[min(self.sealed)] if self.sealed else self.unsealed
+        fresh = [path for _, path in oldest if path not in self.ahead]
+        if fresh:
+            self.ahead.update(fresh)
+            self.committer.write_ahead(fresh)
 
     def staged_outputs(self) -> list[str]:
         """Staged output files not yet published, oldest epoch first."""

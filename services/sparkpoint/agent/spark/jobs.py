@@ -60,6 +60,13 @@ class SparkJobs:
         return self._session
 
     @property
+    def local(self) -> bool:
+        """The executors run on the driver's machine (``local``, ``local[N]``), without starting
+        a session to find out."""
+        master = self.master if self._session is None else self._session.sparkContext.master
+        return str(master).startswith("local")
+
+    @property
     def context(self) -> Any:
         return self.session().sparkContext
 
