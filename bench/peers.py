@@ -380,6 +380,8 @@ def process_role(pid: int, command: str) -> str:
         return "spark-python-workers"
     if "frontier_watcher" in command:
         return "watcher"
+    if "multiprocessing.forkserver" in command:
+        return "sink-writer"  # the exactly-once sink's write-ahead process (and its fork server)
     return "job-process"
 
 
@@ -625,11 +627,17 @@ def scale_model(result: dict[str, Any], records: int) -> dict[str, Any]:
     """Amdahl's law from sparkpoint's CPU excluding start-up: the serial part is what runs once
     per job whatever the executors (the agent's process, the driver JVM's threads, its JIT and
     collector, the coordinator), the parallel part what runs in executors (the Python workers
-    and the JVM's executor threads); ``serial_fraction`` = serial / (serial + parallel)."""
+    and the JVM's executor threads); ``serial_fraction`` = serial / (serial + parallel).
+
+    The exactly-once sink is a bound of its own: one process per job produces every epoch (one
+    transaction per epoch; on a cluster one Spark task per epoch), overlapped with the rounds,
+    so however many executors, records/s stay below what one core of it produces."""
     roles = result["cpu"]["by_role_excluding_startup"]
     parallel_roles = ("spark-python-workers", "jvm-executor")
+    sink_roles = ("sink-writer",)
     parallel = sum(roles.get(role, 0.0) for role in parallel_roles)
-    serial = sum(value for role, value in roles.items() if role not in parallel_roles)
+    sink = sum(roles.get(role, 0.0) for role in sink_roles)
+    serial = sum(v for r, v in roles.items() if r not in parallel_roles and r not in sink_roles)
     fraction = serial / (serial + parallel)
     rounds = max(1, int(result["rounds"]))
     return {
@@ -638,8 +646,11 @@ def scale_model(result: dict[str, Any], records: int) -> dict[str, Any]:
         "serial_cpu_ms_per_round": round(serial / rounds * 1000, 1),
         "parallel_cpu_ms_per_round": round(parallel / rounds * 1000, 1),
         "records_per_round": round(records / rounds),
-        "serial_roles": sorted(r for r in roles if r not in parallel_roles),
+        "serial_roles": sorted(r for r in roles if r not in (*parallel_roles, *sink_roles)),
         "parallel_roles": list(parallel_roles),
+        "sink_roles": list(sink_roles),
+        "sink_cpu_seconds_per_million_records": round(sink / records * 1e6, 2),
+        "sink_bound_records_per_second": round(records / sink) if sink else None,
         "serial_fraction": round(fraction, 4),
         "amdahl_speedup": {
             str(n): round(1 / (fraction + (1 - fraction) / n), 2) for n in EXECUTORS
@@ -647,7 +658,8 @@ def scale_model(result: dict[str, Any], records: int) -> dict[str, Any]:
         "bound_if_overlapped": round(1 / fraction, 1),
         "assumptions": "executors do the same work per record as local[2]'s Python workers; "
         "the driver's work per round does not grow with executors (it does: a round has one "
-        "task per subtask); the broker scales apart; rounds as long as here",
+        "task per subtask); the broker scales apart; rounds as long as here; the sink is "
+        "one process per job (sink_bound_records_per_second: one core of it)",
     }
 
 

@@ -443,6 +443,7 @@ class Agent:
         if self.running_once:
             return
         self.spark_jobs.warm_up(self.parallelism)
+        self.sink.prepare()
         if self.handle_signals:  # after the SparkContext: it installs a SIGINT handler of its own
             install_signal_handlers(self)
 

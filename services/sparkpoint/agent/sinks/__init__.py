@@ -92,6 +92,11 @@ class SinkWriter(Protocol):
         """Makes epoch ``epoch``'s staged output visible (exactly-once: atomically, once)."""
         ...
 
+    def prepare(self) -> None:
+        """Starts what the sink needs before its first epoch, once Spark has started (the
+        write-ahead process: its imports would compete with Spark's start)."""
+        ...
+
     def write_ahead(self, outputs: list[str]) -> None:
         """Staged files into the open transaction, ahead of their epoch's `publish_epoch`."""
         ...
@@ -118,6 +123,8 @@ class SinkWriter(Protocol):
 class WriteAhead(Protocol):
     """What holds an exactly-once sink's open transaction and writes staged output into it
     before its epoch commits (`sinks.ahead.AheadPublisher`)."""
+
+    def start(self) -> None: ...
 
     def started(self) -> bool: ...
 

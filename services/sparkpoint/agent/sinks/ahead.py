@@ -185,14 +185,20 @@ class AheadPublisher:
             target=serve, args=(theirs, task), name=f"sparkpoint-sink-{task.job_id}", daemon=True
         )
         self._lock = threading.Lock()
+        self._start_lock = threading.Lock()
         self.job_id = task.job_id
         self._ready = False
-        # the first start of the fork server imports the sink's modules (about a second): on a
-        # thread, beside the Spark session's start; the first request waits for it
         self._starting = threading.Thread(
             target=self._start, args=(theirs,), name=f"start-sink-{task.job_id}", daemon=True
         )
-        self._starting.start()
+
+    def start(self) -> None:
+        """Starts the process on a thread (the fork server's first start imports the sink's
+        modules, about a second: the agent calls this once Spark has started, so the two do not
+        compete); the first request waits for it, and starts it if nobody did."""
+        with self._start_lock:
+            if self._starting.ident is None:
+                self._starting.start()
 
     def produce(self, paths: list[str]) -> None:
         with self._lock:
@@ -218,6 +224,7 @@ class AheadPublisher:
 
     def started(self) -> bool:
         """Whether the process runs and answered (waits for its start)."""
+        self.start()
         self._starting.join()
         return self._ready
 

@@ -105,6 +105,9 @@ class FileSinkWriter:
         parts = [Part(self.sink.directory, part_name(epoch, o), (o,)) for o in outputs]
         return sum(self.run(commit_part, parts))
 
+    def prepare(self) -> None:
+        pass
+
     def write_ahead(self, outputs: list[str]) -> None:
         raise RuntimeError("a file sink does not write ahead")
 

@@ -434,6 +434,10 @@ class KafkaSinkWriter:
         )
         return count
 
+    def prepare(self) -> None:
+        if self.ahead is not None:
+            self.ahead.start()
+
     def write_ahead(self, outputs: list[str]) -> None:
         """Staged files into the open transaction now, ahead of their epoch's commit."""
         ahead = self._ahead()
