@@ -176,7 +176,7 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
 def test_a_fenced_write_ahead_fails_its_commit_and_the_restore_publishes_exactly_once(
     coordinator: Running, spark: Any, topic: str, expected: list[Output]
 ) -> None:
-    """With a local master the sink writes ahead (`sinks.ahead`). Once a checkpoint completed,
+    """With a local master the sink writes ahead (`sinks.ahead`). Once it committed an epoch,
     another producer of the sink's transactional id fences the write-ahead process: its open
     transaction is aborted and its next commit fails. The job restarts with a new sink (and a
     new process), and the restore publishes the completed epochs: the output is exact."""
@@ -191,12 +191,13 @@ def test_a_fenced_write_ahead_fails_its_commit_and_the_restore_publishes_exactly
     fenced: list[int] = []
 
     def fence_once_a_checkpoint_completed(running: Agent) -> None:
-        if not fenced and running.completed_checkpoints and running.sink is first_sink:
+        # once it committed an epoch: its producer exists (one made after the fence would fence)
+        if not fenced and running.committer.published_through and running.sink is first_sink:
             zombie_hunter = Producer(
                 producer_config(coordinator.bootstrap, transactional_id=first_sink.transactional_id)
             )
             zombie_hunter.init_transactions(30)
-            fenced.append(running.completed_checkpoints[-1])
+            fenced.append(running.committer.published_through)
 
     agent.on_round = fence_once_a_checkpoint_completed
 

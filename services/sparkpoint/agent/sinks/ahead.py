@@ -20,16 +20,23 @@ The process reads the staged files where stage 2 wrote them and produces them: r
 pass through the driver's process. It is used with a local master only, where the executors run
 on the driver's machine anyway; on a cluster an epoch is still published by a Spark task.
 
-Processes come from a fork server that imported the sink's modules once per agent process, so a
-new writer's process starts in milliseconds. The process ends when the agent's end of its pipe
-closes (the agent exited or was killed): its open transaction is then aborted by the next
-producer of the transactional id, as a killed agent's is.
+Processes come from a fork server (`ForkServer`) that imported the sink's modules once per agent
+process, so a new writer's process starts in milliseconds. The process ends when the agent's end
+of its socket closes (the agent exited or was killed), and so does the fork server: an open
+transaction is then aborted by the next producer of the transactional id, as a killed agent's
+is.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
 import threading
 import uuid
 from dataclasses import dataclass, field, replace
@@ -43,25 +50,89 @@ from sparkpoint.agent.sinks.kafka import Publish, commit_epoch, queue_frame, sin
 
 log = logging.getLogger(__name__)
 
-SERVER_MODULES = ["sparkpoint.agent.sinks.ahead"]
-"""What the fork server imports once (pandas, pyarrow, confluent-kafka with it), so that a
-writer's process is a fork of it rather than a fresh interpreter (0.9 s of imports here)."""
-
 START_TIMEOUT_S = 60.0
 """How long a new process may take to answer (the fork server's first start imports)."""
 
-_server_lock = threading.Lock()
-_context: Any = None
+_HEADER = struct.Struct("!I")
 
 
-def _fork_server() -> Any:
-    global _context
-    with _server_lock:
-        if _context is None:
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(SERVER_MODULES)
-            _context = context
-        return _context
+# --- the fork server ------------------------------------------------------------------------------
+
+
+class ForkServer:
+    """``python -m sparkpoint.agent.sinks.ahead``: one per agent process, started on first use. It
+    imports this module (pandas, pyarrow, confluent-kafka: 0.9 s here) once; each writer's
+    process is then a fork of it (milliseconds). A request is a socket's end (passed as a file
+    descriptor) and the pickled `Publish`; the fork serves that socket. Not multiprocessing's
+    fork server: that one runs the parent's main script again in every child (a script without
+    a main guard would start another job there)."""
+
+    _lock = threading.Lock()
+    _running: ForkServer | None = None
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "sparkpoint.agent.sinks.ahead", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self.control = ours
+
+    @classmethod
+    def fork(cls, task: Publish) -> tuple[Connection, int]:
+        """A new process serving ``task``'s sink: the agent's end of its socket, and its pid."""
+        with cls._lock:
+            server = cls._running
+            if server is None or server.process.poll() is not None:
+                server = cls._running = ForkServer()
+            ours, theirs = socket.socketpair()
+            payload = pickle.dumps(task)
+            try:
+                socket.send_fds(server.control, [_HEADER.pack(len(payload))], [theirs.fileno()])
+                server.control.sendall(payload)
+                server.control.settimeout(START_TIMEOUT_S)
+                (pid,) = _HEADER.unpack(_receive(server.control, _HEADER.size))
+            finally:
+                theirs.close()
+            return Connection(ours.detach()), pid
+
+
+def _receive(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise EOFError("the sink's fork server ended")
+        data += chunk
+    return data
+
+
+def serve_forks(control: socket.socket) -> None:
+    """The fork server's loop, until the agent's end of ``control`` closes."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forks are reaped by the kernel
+    while True:
+        try:
+            header, fds, _, _ = socket.recv_fds(control, _HEADER.size, 1)
+        except OSError:
+            return
+        if not header or not fds:
+            return  # the agent is gone
+        header += _receive(control, _HEADER.size - len(header))
+        task = pickle.loads(_receive(control, _HEADER.unpack(header)[0]))
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            code = 0
+            try:
+                serve(Connection(fds[0]), task)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(fds[0])
+        control.sendall(_HEADER.pack(pid))
 
 
 # --- the process ----------------------------------------------------------------------------------
@@ -179,17 +250,14 @@ class AheadPublisher:
     its answer. Thread-safe (the committer's thread commits, the agent's loop resets)."""
 
     def __init__(self, task: Publish) -> None:
-        context = _fork_server()
-        self._conn, theirs = context.Pipe()
-        self._process = context.Process(
-            target=serve, args=(theirs, task), name=f"sparkpoint-sink-{task.job_id}", daemon=True
-        )
+        self.task = task
+        self.job_id = task.job_id
+        self._conn: Connection | None = None
+        self.pid: int | None = None
         self._lock = threading.Lock()
         self._start_lock = threading.Lock()
-        self.job_id = task.job_id
-        self._ready = False
         self._starting = threading.Thread(
-            target=self._start, args=(theirs,), name=f"start-sink-{task.job_id}", daemon=True
+            target=self._start, name=f"start-sink-{task.job_id}", daemon=True
         )
 
     def start(self) -> None:
@@ -199,6 +267,12 @@ class AheadPublisher:
         with self._start_lock:
             if self._starting.ident is None:
                 self._starting.start()
+
+    def started(self) -> bool:
+        """Whether the process runs and answered (waits for its start)."""
+        self.start()
+        self._starting.join()
+        return self._conn is not None
 
     def produce(self, paths: list[str]) -> None:
         with self._lock:
@@ -211,58 +285,49 @@ class AheadPublisher:
         self._ask(("reset",))
 
     def close(self) -> None:
-        if self.started() and self._process.is_alive():
-            try:
-                self._ask(("close",))
-            except RuntimeError as exc:
-                log.warning("job %s: closing the sink's publisher: %s", self.job_id, exc)
-        self._conn.close()
-        if self._process.pid is not None:
-            self._process.join(10)
-            if self._process.is_alive():
-                self._process.kill()
-
-    def started(self) -> bool:
-        """Whether the process runs and answered (waits for its start)."""
-        self.start()
-        self._starting.join()
-        return self._ready
-
-    def _start(self, theirs: Connection) -> None:
+        if not self.started():
+            return
         try:
-            self._process.start()
-            theirs.close()
-            self._ready = self._conn.poll(START_TIMEOUT_S) and self._conn.recv()[0] == "ready"
+            self._ask(("close",))
+        except RuntimeError as exc:
+            log.warning("job %s: closing the sink's publisher: %s", self.job_id, exc)
+        assert self._conn is not None
+        self._conn.close()
+
+    def _start(self) -> None:
+        try:
+            conn, pid = ForkServer.fork(self.task)
+            if conn.poll(START_TIMEOUT_S) and conn.recv()[0] == "ready":
+                self._conn, self.pid = conn, pid
+            else:
+                conn.close()
+                log.warning("job %s: the sink's publisher process did not answer", self.job_id)
         except Exception as exc:
             log.warning("job %s: the sink's publisher process did not start: %s", self.job_id, exc)
-        finally:
-            theirs.close()
-
-    def _started(self) -> None:
-        if not self.started():
-            raise RuntimeError("the sink's publisher process did not start (see the log)")
 
     def _ask(self, request: tuple[Any, ...]) -> int:
         with self._lock:
-            self._send(request)
+            conn = self._send(request)
             try:
-                answer, value = self._conn.recv()
+                answer, value = conn.recv()
             except (EOFError, OSError) as exc:
                 raise self._gone() from exc
         if answer != "ok":
             raise RuntimeError(f"the sink's publisher: {value}")
         return int(value)
 
-    def _send(self, request: tuple[Any, ...]) -> None:
-        self._started()
+    def _send(self, request: tuple[Any, ...]) -> Connection:
+        if not self.started() or self._conn is None:
+            raise RuntimeError("the sink's publisher process did not start (see the log)")
         try:
             self._conn.send(request)
         except (BrokenPipeError, OSError) as exc:
             raise self._gone() from exc
+        return self._conn
 
     def _gone(self) -> RuntimeError:
-        if self._process.pid is not None:
-            self._process.join(1)
-        return RuntimeError(
-            f"the sink's publisher process ended (exit code {self._process.exitcode})"
-        )
+        return RuntimeError(f"the sink's publisher process (pid {self.pid}) ended")
+
+
+if __name__ == "__main__":
+    serve_forks(socket.socket(fileno=int(sys.argv[1])))
