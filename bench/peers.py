@@ -380,8 +380,8 @@ def process_role(pid: int, command: str) -> str:
         return "spark-python-workers"
     if "frontier_watcher" in command:
         return "watcher"
-    if "multiprocessing.forkserver" in command:
-        return "sink-writer"  # the exactly-once sink's write-ahead process (and its fork server)
+    if "sparkpoint.agent.sinks.ahead" in command:
+        return "sink-writer"  # the exactly-once sink's fork server and write-ahead processes
     return "job-process"
 
 
