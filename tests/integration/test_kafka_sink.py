@@ -187,6 +187,12 @@ def staged_users(tmp_path: Path, name: str, users: range) -> str:
     return str(path)
 
 
+def ahead_writer(kafka: KafkaUnderTest, codec: EventCodec, topic: str, job: str) -> KafkaSinkWriter:
+    return KafkaSinkWriter(
+        KafkaSink(topic), kafka.bootstrap, codec, job, "a-1", "user", write_ahead=AheadPublisher
+    )
+
+
 def committed_users(bootstrap: str, topic: str) -> list[str]:
     return sorted(v.decode() for v in committed_values(bootstrap, topic))
 
@@ -207,15 +213,7 @@ def test_written_ahead_output_is_invisible_until_its_epoch_commits_with_the_rest
         staged_users(tmp_path, "a.arrow", range(300)),
         staged_users(tmp_path, "b.arrow", range(300, 400)),
     )
-    writer = KafkaSinkWriter(
-        KafkaSink(topic),
-        kafka.bootstrap,
-        codec,
-        "job-ahead",
-        "a-1",
-        "user",
-        write_ahead=AheadPublisher,
-    )
+    writer = ahead_writer(kafka, codec, topic, "job-ahead")
     try:
         assert writer.writes_ahead
         writer.write_ahead([first])
@@ -251,15 +249,7 @@ def test_a_commit_refuses_an_open_transaction_holding_another_epochs_files_and_a
         staged_users(tmp_path, "d.arrow", range(60, 70)),
         staged_users(tmp_path, "k.arrow", range(70, 75)),
     )
-    writer = KafkaSinkWriter(
-        KafkaSink(topic),
-        kafka.bootstrap,
-        codec,
-        "job-refused",
-        "a-1",
-        "user",
-        write_ahead=AheadPublisher,
-    )
+    writer = ahead_writer(kafka, codec, topic, "job-refused")
     try:
         writer.write_ahead([later])
         with pytest.raises(RuntimeError, match="not epoch 1's"):
@@ -282,15 +272,7 @@ def test_a_write_ahead_process_that_died_fails_the_commit_by_name(
 ) -> None:  # fmt: skip
     create_topics(make_admin(kafka.bootstrap), partitions=1)
     topic = new_topic()
-    writer = KafkaSinkWriter(
-        KafkaSink(topic),
-        kafka.bootstrap,
-        codec,
-        "job-dead",
-        "a-1",
-        "user",
-        write_ahead=AheadPublisher,
-    )
+    writer = ahead_writer(kafka, codec, topic, "job-dead")
     try:
         writer.write_ahead([staged_users(tmp_path, "x.arrow", range(5))])
         ahead = writer.ahead
@@ -326,15 +308,7 @@ def test_a_sink_whose_write_ahead_process_cannot_start_publishes_each_epoch_whol
     create_topics(make_admin(kafka.bootstrap), partitions=1)
     topic = new_topic()
     monkeypatch.setattr(AheadPublisher, "started", lambda _: False)
-    writer = KafkaSinkWriter(
-        KafkaSink(topic),
-        kafka.bootstrap,
-        codec,
-        "job-fallback",
-        "a-1",
-        "user",
-        write_ahead=AheadPublisher,
-    )
+    writer = ahead_writer(kafka, codec, topic, "job-fallback")
     first, second = (
         staged_users(tmp_path, "f.arrow", range(7)),
         staged_users(tmp_path, "s.arrow", range(7, 10)),
