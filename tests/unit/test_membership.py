@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from sparkpoint.agent.control import membership as membership_module
 from sparkpoint.agent.control.membership import EPOCH_CHECK_S, Membership
 from sparkpoint.common.events import (
     CancelJob,
@@ -127,3 +128,38 @@ def test_a_cancellation_is_heard_only_from_the_driving_coordinator_for_this_atte
     assert not member.hears(CancelJob(JOB, 2, 0, "x", agent_id="agent-2", attempt=0))
     assert not member.hears(CancelJob(JOB, 2, 0, "x", agent_id=AGENT, attempt=1))
     assert member.hears(CancelJob(JOB, 2, 0, "alice", agent_id=AGENT, attempt=0))
+
+
+class Beats:
+    """A publisher that keeps the heartbeats it was given."""
+
+    def __init__(self) -> None:
+        self.sent: list[object] = []
+        self.first = threading.Event()
+        self.producer = self
+
+    def publish_nowait(self, topic: object, key: str, event: object) -> None:
+        self.sent.append(event)
+        self.first.set()
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+
+def test_stopping_the_heartbeats_ends_their_thread_without_waiting_for_the_next_beat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job's end stops the heartbeats and joins their thread: with beats an hour apart the
+    thread must still end at once (it slept through the interval, and every job's end waited
+    for its next beat, up to a second)."""
+    monkeypatch.setattr(membership_module, "HEARTBEAT_INTERVAL_MS", 3_600_000)
+    beats = Beats()
+    member = Membership(JOB, AGENT, beats, threading.Event())  # type: ignore[arg-type]
+    member.start_heartbeats()
+    assert beats.first.wait(30), "the first beat goes out at once"
+    heart = member._heart
+    assert heart is not None
+
+    member.stop_heartbeats()
+
+    assert not heart.is_alive() and member._heart is None and len(beats.sent) == 1

@@ -119,6 +119,9 @@ class Membership:
         self.confirmed_epoch = 0
         """The newest coordinator epoch the durable record has confirmed."""
         self._beating = threading.Event()
+        self._heart_stopped = threading.Event()
+        """Set by `stop_heartbeats`: the beat thread's wait between beats ends at once (a job's
+        end waited for the next beat, up to a second)."""
         self._heart: threading.Thread | None = None
 
     # --- registration ------------------------------------------------------------------------
@@ -205,6 +208,7 @@ class Membership:
         if self._heart is not None:
             return
         self._beating.set()
+        self._heart_stopped.clear()
         self._heart = threading.Thread(
             target=self._beat, name=f"heartbeat-{self.job_id}", daemon=True
         )
@@ -222,7 +226,8 @@ class Membership:
                 self.publisher.producer.poll(0)
             except Exception as exc:  # a full queue or a closed producer: the next beat retries
                 log.warning("job %s: heartbeat not sent: %s", self.job_id, exc)
-            time.sleep(interval)
+            if self._heart_stopped.wait(interval):
+                return
 
     def _taken_over(self) -> bool:
         """Another agent's acceptance was announced: confirmed by the coordinator's durable
@@ -257,6 +262,7 @@ class Membership:
 
     def stop_heartbeats(self) -> None:
         self._beating.clear()
+        self._heart_stopped.set()
         if self._heart is not None:
             self._heart.join(5)
             self._heart = None
