@@ -302,8 +302,7 @@ def test_a_sink_whose_write_ahead_process_cannot_start_publishes_each_epoch_whol
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """(A script without a main guard re-runs itself in a forked process and fails there.)
-    The writer says so and publishes every file of the epoch when it completes, as on a
+    """(The fork server could not start, or its process did not answer.) The writer says so and publishes every file of the epoch when it completes, as on a
     cluster: what it meant to write ahead is not lost."""
     create_topics(make_admin(kafka.bootstrap), partitions=1)
     topic = new_topic()

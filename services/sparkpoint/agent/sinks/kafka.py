@@ -454,10 +454,8 @@ class KafkaSinkWriter:
         a task instead (every file of the epoch: nothing was written ahead)."""
         if self.ahead is not None and not self.ahead.started():
             log.warning(
-                "job %s: the sink's write-ahead process did not start; epochs are published "
-                "when they complete instead (a script that runs an agent in its own process "
-                "must guard its main code with if __name__ == '__main__', as multiprocessing "
-                "asks)",
+                "job %s: the sink's write-ahead process did not start (the reason is logged "
+                "above); epochs are published by a task when they complete instead",
                 self.job_id,
             )
             self.ahead.close()
