@@ -221,11 +221,14 @@ def read_past(coordinator: Running, job_id: str, topic: str, offset: int) -> boo
     if not done:
         return False
     newest = max(done, key=lambda d: int(d.name[4:]))
-    positions = [
-        offset_
-        for p in newest.glob("source-*.json")
-        for offset_ in json.loads(p.read_text())["positions"].get(topic, {}).values()
-    ]
+    try:  # a newer checkpoint may subsume (delete) this one while it is read: ask again
+        positions = [
+            offset_
+            for p in newest.glob("source-*.json")
+            for offset_ in json.loads(p.read_text())["positions"].get(topic, {}).values()
+        ]
+    except FileNotFoundError:
+        return False
     return len(positions) == PARTITIONS and min(positions) > offset
 
 
@@ -246,8 +249,11 @@ def run_until_stored(
         for directory in sorted(base.glob("chk-*"), key=lambda p: int(p.name[4:]), reverse=True):
             if not (directory / "_metadata").exists():
                 continue
-            snapshots = [json.loads(p.read_text()) for p in directory.glob("source-*.json")]
-            manifests = [json.loads(p.read_text()) for p in directory.glob("channel-*.json")]
+            try:  # subsumed (deleted) by a newer checkpoint while it is read: ask again
+                snapshots = [json.loads(p.read_text()) for p in directory.glob("source-*.json")]
+                manifests = [json.loads(p.read_text()) for p in directory.glob("channel-*.json")]
+            except FileNotFoundError:
+                return False
             if with_channel_state and not any(m["segments"] for m in manifests):
                 return False
             if snapshots and all(s["watermark"]["value"] > MIN_WATERMARK for s in snapshots):
