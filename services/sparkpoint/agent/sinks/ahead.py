@@ -46,7 +46,13 @@ from typing import Any
 from confluent_kafka import Producer
 
 from sparkpoint.agent.sinks import outputs_digest, read_outputs
-from sparkpoint.agent.sinks.kafka import Publish, commit_epoch, queue_frame, sink_producer
+from sparkpoint.agent.sinks.kafka import (
+    Publish,
+    commit_epoch,
+    marker_codec,
+    queue_frame,
+    sink_producer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +118,7 @@ def _receive(sock: socket.socket, size: int) -> bytes:
 def serve_forks(control: socket.socket) -> None:
     """The fork server's loop, until the agent's end of ``control`` closes."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forks are reaped by the kernel
+    marker_codec()  # compiled once here (0.3-0.5 s), not in every fork's first commit
     while True:
         try:
             header, fds, _, _ = socket.recv_fds(control, _HEADER.size, 1)
