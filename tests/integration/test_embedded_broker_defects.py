@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from sparkpoint.common.kafka import (
     make_consumer,
     make_producer,
     read_to_end,
+    true_end_offset,
 )
 from sparkpoint.common.topics import JOBS, create_topics
 from tests import factories
@@ -116,6 +118,47 @@ def test_a_replay_takes_the_whole_batch_that_holds_the_reported_end(
     )
 
     assert sorted(r.event.version for r in replayed if r.event) == list(range(1, 41))  # type: ignore[union-attr]
+
+
+def test_the_true_end_reaches_the_last_batch_and_does_not_wait_for_records_still_arriving(
+    kafka: KafkaUnderTest, new_topic: NewTopicFactory
+) -> None:
+    """A producer writes batches of several records for the whole test: `true_end_offset`
+    reaches every record delivered before it was called, and returns without reading on until
+    the producer pauses. (It read until 50 ms passed without a record, which never happens
+    while a producer writes: it waited out its whole timeout, and a round's planning on the
+    agent, with every checkpoint, stalled for 10 s on live input.)"""
+    topic = new_topic()
+    delivered: list[int] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 5})
+        report = lambda error, message: (
+            delivered.append(message.offset()) if error is None else None
+        )  # noqa: E731
+        while not stop.is_set():
+            for i in range(20):  # a few records a batch, a batch about every 5 ms
+                producer.produce(topic, value=b"%d" % i, on_delivery=report)
+            producer.poll(0.005)
+        producer.flush(10)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        wait(lambda: len(delivered) > 1_000, 30, "records delivered")
+        consumer = make_consumer(kafka.bootstrap)
+        before = max(delivered) + 1
+        started = time.monotonic()
+        end = true_end_offset(consumer, topic, 0, timeout_s=20)
+        took = time.monotonic() - started
+        consumer.close()
+    finally:
+        stop.set()
+        writer.join(30)
+
+    assert end >= before  # every record delivered before the call
+    assert took < 10, f"read on for {took:.1f} s while the producer wrote (timeout 20 s)"
 
 
 # --- transactions ------------------------------------------------------------------------------
