@@ -23,6 +23,7 @@ from sparkpoint.agent.formats import (
     JsonValues,
     RawValues,
     StringValues,
+    plain_json_lines,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -264,3 +265,49 @@ def test_random_json_records_round_trip_with_the_json_module_bad_ones_reported(
     kept = [r for i, r in enumerate(records) if i not in bad_at]
     assert frame.to_dict(orient="records") == kept
     assert [json.loads(v) for v in JsonValues().encode(pd.DataFrame(records))] == records
+
+
+SAFE = "abcxyz09 _-.:{}[],AZ~"
+"""Characters pandas' JSON writer writes as they are."""
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_json_values_write_the_bytes_pandas_writes_whether_or_not_arrow_puts_them_together(
+    seed: int,
+) -> None:
+    """Random frames of integers, booleans and strings: those whose strings need no escape and
+    hold no null are put together by Arrow (`plain_json_lines`), the others written by pandas;
+    both give exactly the bytes of ``to_json(orient="records", lines=True)``, one per row."""
+    rng = random.Random(seed)
+    for _ in range(20):
+        rows = rng.randrange(1, 60)
+        escapes = rng.random() < 0.4
+        alphabet = SAFE + ('"\\/\n\x00é€𝄞' if escapes else "")
+        frame = pd.DataFrame(
+            {
+                "user": ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 9))) for _ in range(rows)],
+                "sum": pd.array([rng.choice(LONGS) for _ in range(rows)], dtype="int64"),
+                "small": pd.array([rng.randrange(-128, 128) for _ in range(rows)], dtype="int8"),
+                "big": pd.array([rng.choice([0, 2**64 - 1]) for _ in range(rows)], dtype="uint64"),
+                "flag": [rng.random() < 0.5 for _ in range(rows)],
+            }
+        )  # fmt: skip
+        expected = frame.to_json(orient="records", lines=True).rstrip("\n").encode().split(b"\n")
+        plain = plain_json_lines(frame)
+        needs_escape = any(c not in SAFE for text in frame["user"] for c in text)
+        assert (plain is None) == needs_escape
+        assert JsonValues().encode(frame) == expected
+        assert [json.loads(v) for v in expected] == frame.to_dict(orient="records")
+
+
+def test_json_values_leave_nulls_floats_and_other_types_to_pandas() -> None:
+    for frame in (
+        pd.DataFrame({"n": pd.array([1, None], dtype="Int64")}),
+        pd.DataFrame({"s": ["a", None]}),
+        pd.DataFrame({"x": [0.1, 2.5]}),
+        pd.DataFrame({"t": pd.to_datetime(["2026-11-29"])}),
+        pd.DataFrame({"a/b": [1]}),
+        pd.DataFrame([[1, 2]], columns=["a", "a"]),
+    ):
+        assert plain_json_lines(frame) is None
+    assert JsonValues().encode(pd.DataFrame({"x": [0.1, 2.5]})) == [b'{"x":0.1}', b'{"x":2.5}']

