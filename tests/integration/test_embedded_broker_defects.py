@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 
 from sparkpoint.agent.rounds.fetch import FetchTask, read_ranges
@@ -134,9 +134,11 @@ def test_the_true_end_reaches_the_last_batch_and_does_not_wait_for_records_still
 
     def write() -> None:
         producer = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 5})
-        report = lambda error, message: (
-            delivered.append(message.offset()) if error is None else None
-        )  # noqa: E731
+
+        def report(error: object, message: Message) -> None:
+            if error is None:
+                delivered.append(int(message.offset() or 0))
+
         while not stop.is_set():
             for i in range(20):  # a few records a batch, a batch about every 5 ms
                 producer.produce(topic, value=b"%d" % i, on_delivery=report)
