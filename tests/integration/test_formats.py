@@ -308,6 +308,9 @@ def test_json_values_leave_nulls_floats_and_other_types_to_pandas() -> None:
         pd.DataFrame({"t": pd.to_datetime(["2026-11-29"])}),
         pd.DataFrame({"a/b": [1]}),
         pd.DataFrame([[1, 2]], columns=["a", "a"]),
+        pd.DataFrame({"big": [2**70, 1]}),
+        pd.DataFrame({"b": [b"x"]}),
+        pd.DataFrame({"c": pd.Categorical(["a", "b"])}),
     ):
         assert plain_json_lines(frame) is None
     assert JsonValues().encode(pd.DataFrame({"x": [0.1, 2.5]})) == [b'{"x":0.1}', b'{"x":2.5}']

@@ -109,7 +109,7 @@ def plain_json_lines(frame: pd.DataFrame) -> list[bytes] | None:
     for i, (name, column) in enumerate(zip(names, frame.columns, strict=True)):
         try:
             values = pa.array(frame[column], from_pandas=True)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
             return None
         if values.null_count or re.search(_NEEDS_ESCAPE, name):
             return None
