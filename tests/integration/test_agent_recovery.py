@@ -124,7 +124,11 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
     as on a cluster (with a local master it writes ahead, `test_a_fenced_write_ahead_...`)."""
     monkeypatch.setattr(SparkJobs, "local", property(lambda _: False))
     output = unique("stats")
-    job = build(unique("commit"), topic, output, max_records=100, settings=FAST_RESTARTS)
+    # the first checkpoint (whose epoch's commit fails) comes after a few rounds of 50 records a
+    # partition, well before the payment the function fails on (with 1 s checkpoints over rounds
+    # of 100, a fast machine had checkpointed past it, and the renewed sink never saw it)
+    settings = FAST_RESTARTS | {"execution.checkpointing.interval": "200ms"}
+    job = build(unique("commit"), topic, output, max_records=50, settings=settings)
     renewed = tmp_path / "renewed"  # the function fails only in a round of the renewed sink,
     # so its failure is a restart of its own, never folded into the commit's (under load the two
     # could land in one iteration of the loop)
@@ -460,8 +464,13 @@ def test_at_least_once_checkpoints_do_not_wait_and_lose_nothing(
     coordinator: Running, spark: Any, topic: str, expected: list[Output]
 ) -> None:
     output = unique("stats")
-    settings = {"execution.checkpointing.mode": "AT_LEAST_ONCE"}
-    job = build(unique("alo-mode"), topic, output, max_records=100, settings=settings)
+    # checkpoints every 200 ms over rounds of 50 records a partition: two complete before the end
+    # (at 1 s over rounds of 100, a fast machine ran the input through before the second)
+    settings = {
+        "execution.checkpointing.mode": "AT_LEAST_ONCE",
+        "execution.checkpointing.interval": "200ms",
+    }
+    job = build(unique("alo-mode"), topic, output, max_records=50, settings=settings)
     agent = in_process(job, coordinator, spark)
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
