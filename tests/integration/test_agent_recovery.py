@@ -124,15 +124,16 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
     as on a cluster (with a local master it writes ahead, `test_a_fenced_write_ahead_...`)."""
     monkeypatch.setattr(SparkJobs, "local", property(lambda _: False))
     output = unique("stats")
-    # the first checkpoint (whose epoch's commit fails) comes after a few rounds of 50 records a
-    # partition, well before the payment the function fails on (with 1 s checkpoints over rounds
-    # of 100, a fast machine had checkpointed past it, and the renewed sink never saw it)
-    settings = FAST_RESTARTS | {"execution.checkpointing.interval": "200ms"}
-    job = build(unique("commit"), topic, output, max_records=50, settings=settings)
+    # rounds of 25 records a partition: the first checkpoint (whose epoch's commit fails) comes
+    # well before the payment the function fails on (over rounds of 100, a fast machine had
+    # checkpointed past it, and the renewed sink never saw it)
+    job = build(unique("commit"), topic, output, max_records=25, settings=FAST_RESTARTS)
     renewed = tmp_path / "renewed"  # the function fails only in a round of the renewed sink,
     # so its failure is a restart of its own, never folded into the commit's (under load the two
     # could land in one iteration of the loop)
-    job = replace(job, function=FailingOnce(RECORDS // 2, str(tmp_path / "failed"), str(renewed)))
+    job = replace(
+        job, function=FailingOnce(RECORDS * 3 // 4, str(tmp_path / "failed"), str(renewed))
+    )
     agent = in_process(job, coordinator, spark)
     first_sink = agent.sink
     assert isinstance(first_sink, KafkaSinkWriter)
