@@ -103,7 +103,7 @@ def plain_json_lines(frame: pd.DataFrame) -> list[bytes] | None:
     need no escape and holds no null (a running sum's output, say: 0.17 against 0.52 us a
     record); None for any other frame, which pandas then writes."""
     names = [str(name) for name in frame.columns]
-    if len(set(names)) != len(names):
+    if len(set(names)) != len(names) or any(re.search(_NEEDS_ESCAPE, n) for n in names):
         return None
     parts: list[Any] = []
     for i, (name, column) in enumerate(zip(names, frame.columns, strict=True)):
@@ -111,7 +111,7 @@ def plain_json_lines(frame: pd.DataFrame) -> list[bytes] | None:
             values = pa.array(frame[column], from_pandas=True)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             return None
-        if values.null_count or re.search(_NEEDS_ESCAPE, name):
+        if values.null_count:
             return None
         lead = ("{" if i == 0 else ",") + f'"{name}":'
         if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
