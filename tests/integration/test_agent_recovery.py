@@ -7,6 +7,7 @@ with every Flink 2.x option."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import threading
 import uuid
@@ -176,6 +177,39 @@ def test_a_failed_sink_commit_renews_the_sink_and_a_sound_one_is_kept_across_res
     got = read_output(coordinator.bootstrap, output)
     assert got == expected, difference(got, expected)
     assert "committing a sink epoch failed" in str(agent.failures[0])
+
+
+@pytest.mark.parametrize("case", ["unseen", "full"])
+def test_a_restart_never_reads_files_the_restored_checkpoint_lets_go_once_subsumed(
+    coordinator: Running,
+    spark: Any,
+    topic: str,
+    expected: list[Output],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
+) -> None:
+    """``unseen``: the checkpoint a restart restores completed while the failed attempt stopped,
+    its notice never handled (forced here: the agent sees none complete). The job owns it all
+    the same and builds on its shared files; it took it for a snapshot of someone else's, its
+    first checkpoint copied every file, the restored checkpoint was subsumed and its files
+    deleted under the rounds still reading them (restart after restart, FileNotFoundError).
+    ``full``: without incremental checkpoints the restored files lie in the checkpoint's own
+    directory, which goes once it is subsumed: the restart adopts them as working files."""
+    if case == "unseen":
+        monkeypatch.setattr(Agent, "latest_completed", property(lambda _: None))
+    settings = FAST_RESTARTS | {"execution.checkpointing.interval": "200ms"}
+    if case == "full":
+        settings |= {"execution.checkpointing.incremental": "false"}
+    output = unique("stats")
+    job = build(unique(f"restart-{case}"), topic, output, max_records=50, settings=settings)
+    job = replace(job, function=FailingOnce(RECORDS // 2, str(tmp_path / "failed")))
+
+    status, agent = run_in_process(job, coordinator, spark)
+
+    assert status is JobStatus.FINISHED and agent.restarts == 1, agent.failures
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
 
 
 def test_a_fenced_write_ahead_fails_its_commit_and_the_restore_publishes_exactly_once(
@@ -446,6 +480,35 @@ def test_claim_modes_decide_who_owns_the_restored_snapshot(
         assert sorted(p.name for p in Path(savepoint).rglob("*")) == before
     else:  # the job owned it: subsumed by its own checkpoints, then deleted
         wait(lambda: not Path(savepoint).exists(), what="the claimed savepoint deleted")
+
+
+def test_a_no_claim_snapshot_may_be_deleted_once_the_first_checkpoint_completed(
+    coordinator: Running, spark: Any, topic: str, expected: list[Output]
+) -> None:
+    """Flink's NO_CLAIM: once the restored job's first checkpoint completed, it no longer depends
+    on the snapshot, which its owner may delete. The agent adopts the restored files as working
+    files before its first round, so nothing reads the snapshot after the restore (before, the
+    rounds read its bases until they were materialized again: deleted, the job failed)."""
+    output = unique("stats")
+    name = unique("deleted")
+    _, savepoint = take_savepoint_and_stop(coordinator, spark, topic, output, name)
+    settings = {"execution.checkpointing.interval": "200ms"}
+    job = build(name, topic, output, max_records=50, settings=settings)
+    agent = in_process(job, coordinator, spark, restore=savepoint, claim_mode="NO_CLAIM")
+    deleted: list[int] = []
+
+    def delete_after_the_first_checkpoint(running: Agent) -> None:
+        if not deleted and running.completed_checkpoints:
+            shutil.rmtree(savepoint)
+            deleted.append(running.rounds)
+
+    agent.on_round = delete_after_the_first_checkpoint
+    status = agent.run()
+
+    assert status is JobStatus.FINISHED and deleted and agent.restarts == 0, agent.failures
+    assert agent.rounds > deleted[0], "no round ran after the snapshot was deleted"
+    got = read_output(coordinator.bootstrap, output)
+    assert got == expected, difference(got, expected)
 
 
 def test_a_snapshot_of_another_max_parallelism_is_refused(

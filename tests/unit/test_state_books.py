@@ -5,8 +5,10 @@ files only where deleting them is the point."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+from sparkpoint.agent.state.backend import segment
 from sparkpoint.agent.state.books import (
     FAN_IN,
     Chain,
@@ -193,6 +195,36 @@ def test_a_restore_reads_what_each_file_is_from_its_name_and_continues_after_its
     a_round(claimed, claimed.seq(1), (5, 6), touch=tmp_path)
     claimed.collect_garbage()  # restored files are never the agent's to delete
     assert not any(f.owned for c in claimed.chains.values() for f in c.files() if f.seq < 10)
+
+
+def test_a_restore_the_job_does_not_keep_is_adopted_and_the_snapshot_never_read_again(
+    tmp_path: Path,
+) -> None:
+    """NO_CLAIM, a savepoint, a full checkpoint: the restored files become working files (linked
+    on one file system), the chains name only those, the first checkpoint copies them as any
+    working file, and the snapshot may go at once; a segment of a merged file is adopted as its
+    bytes alone."""
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    base = StateFile("", 0, 7, 5, 5, "base").copy_name()
+    run = StateFile("", 0, 9, 0, 63, "run").copy_name()
+    (snapshot / base).write_bytes(b"base")
+    (snapshot / "merged").write_bytes(b"..run-bytes..")
+    named = [
+        restored_file(str(snapshot / base), 4, 5, 5),
+        restored_file(segment(str(snapshot / "merged"), 2, 9, run), 9, 0, 63),
+    ]
+    b = StateBackend(str(tmp_path / "state"))
+    b.restore(named, shared=False)
+
+    assert b.adopt() == 13
+    shutil.rmtree(snapshot)
+    files = {f.path: f for c in b.chains.values() for f in [*c.files(), *c.log]}
+    assert all(f.owned and f.path.startswith(f"{b.state_dir}/adopted/") for f in files.values())
+    assert sorted(Path(p).read_bytes() for p in files) == [b"base", b"run-bytes"]
+    assert [(f.kind, f.seq) for f in b.chains[5].files()] == [("run", 9), ("base", 7)]
+    assert all(u.new for u, _ in b.plan(1, ALL, True, "/chk", "/shared"))
+    assert b.collect_garbage() == [], "the chains name every adopted file"
 
 
 def test_a_canonical_savepoint_folds_every_key_group_with_state_and_pins_what_it_reads() -> None:

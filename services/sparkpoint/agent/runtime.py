@@ -52,7 +52,7 @@ from sparkpoint.agent.options import (
     job_secrets,
 )
 from sparkpoint.agent.recovery.filter_jobs import FilterJobs
-from sparkpoint.agent.recovery.restore import Restored, resolve_latest
+from sparkpoint.agent.recovery.restore import Restored, latest_for_restart
 from sparkpoint.agent.rounds.channels import Channel, SegmentFiles
 from sparkpoint.agent.rounds.rounds import Rounds, RoundSettings
 from sparkpoint.agent.sinks import EpochCommitter, SinkWriter
@@ -340,17 +340,6 @@ class Agent:
         self._reset()
         return delay
 
-    def _latest_for_restart(self) -> str | None:
-        """The coordinator's newest retained checkpoint, else the newest this agent saw complete,
-        else what the job was started from (a savepoint, say), else nothing."""
-        try:
-            record = latest_store_record(self.options.bootstrap, self.codec, self.job_id)
-            found = resolve_latest(record, self.checkpoint_dir, self.job_id, True)
-        except Exception as exc:  # unreadable now: what this agent saw complete
-            log.warning("job %s: reading the checkpoint store failed: %s", self.job_id, exc)
-            found = None
-        return found or self.latest_completed or self.started_from
-
     def stop(self) -> None:
         """Cancel (Ctrl-C, SIGTERM): the job ends CANCELED at the end of the current round."""
         self.stopping.set()
@@ -397,7 +386,7 @@ class Agent:
         accepted this agent touches storage or sinks (a refused agent changes nothing). Before
         registering it may start splitting restored channel state into its local channel
         directory (`recovery`): that directory is its own and goes when it closes."""
-        started = time.monotonic()
+        started, own = time.monotonic(), False
         if restore == AFTER_REGISTERING:
             # a restart: the next attempt registers first. From then on the coordinator hears
             # nothing of the failed attempt, so none of its checkpoints completes (subsuming the
@@ -405,8 +394,11 @@ class Agent:
             self.link.connect()
             self.link.register(lambda n: self._registration(None, n), attempt)
             self._cancelled_while_restarting()
-            restore = self._latest_for_restart()
-        restored = self._restored(restore) if restore is not None else None
+            restore, own = latest_for_restart(
+                self.options.bootstrap, self.codec, self.checkpoint_dir, self.job_id,
+                self.latest_completed, self.started_from,
+            ), True  # fmt: skip
+        restored = self._restored(restore, own) if restore is not None else None
         self._warm_up()
         self.current = self._new_attempt(restored)
         if not self.membership.accepted or self.attempt != attempt:
@@ -418,6 +410,8 @@ class Agent:
         if restored is not None:
             self.current.parts.ledger.publish_restored(restored.epochs, restored.checkpoint_id)
         clean_task_owned(self.places, self.options, self.job_id)
+        if restored is not None and not restored.shared:  # a snapshot the job does not keep
+            self.current.parts.backend.adopt()
         self.status = JobStatus.RUNNING
         if not self.running_once and restored is not None:
             self.started_from = restored.external_path
@@ -429,8 +423,8 @@ class Agent:
             restored.key_group_count if restored else 0, self.start_seconds,
         )  # fmt: skip
 
-    def _restored(self, restore: str) -> Restored | None:
-        own = restore == "latest" or restore in (self.latest_completed, self.started_from)
+    def _restored(self, restore: str, own: bool) -> Restored | None:
+        own = own or restore == "latest" or restore in (self.latest_completed, self.started_from)
         return restored_snapshot(
             restore, self.job_id, self.places, self.options, self.recovery, self.codec,
             self.max_parallelism, own,

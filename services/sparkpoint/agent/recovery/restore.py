@@ -24,6 +24,8 @@ from sparkpoint.agent.recovery.channel_state import (
 )
 from sparkpoint.agent.state.backend import job_dirs, physical, read_file, segment
 from sparkpoint.agent.state.books import StateFile, restored_file
+from sparkpoint.common.avro import EventCodec
+from sparkpoint.common.checkpoint_store import latest_store_record
 from sparkpoint.common.events import CheckpointStoreRecord, StateHandleKind
 from sparkpoint.common.keygroups import KeyGroupRange
 from sparkpoint.common.metadata import BadMetadata, Handle, SnapshotMetadata
@@ -270,6 +272,23 @@ def resolve(path: str, directory: str) -> str:
 
 
 # --- what `--restore latest` means -----------------------------------------------------------------
+
+
+def latest_for_restart(
+    bootstrap: str, codec: EventCodec, checkpoint_dir: str, job_id: str, *seen: str | None
+) -> str | None:
+    """What a restart restores: the coordinator's newest retained checkpoint, else the first of
+    ``seen`` there is (the newest the agent saw complete, what the job started from), else
+    nothing. The job owns it whichever it is (as Flink's failover owns its latest checkpoint):
+    the agent's own view may lag the coordinator's (a checkpoint completes while the failed
+    attempt stops, its notice never handled), and is never asked which."""
+    try:
+        record = latest_store_record(bootstrap, codec, job_id)
+        found = resolve_latest(record, checkpoint_dir, job_id, True)
+    except Exception as exc:  # unreadable now: what this agent saw complete
+        log.warning("job %s: reading the checkpoint store failed: %s", job_id, exc)
+        found = None
+    return found or next((s for s in seen if s), None)
 
 
 def resolve_latest(

@@ -40,11 +40,18 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Container, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparkpoint.agent.state import local
-from sparkpoint.agent.state.backend import delete_files, segment
+from sparkpoint.agent.state.backend import (
+    delete_files,
+    link_or_copy_all,
+    read_file,
+    segment,
+    split_segment,
+    write_file,
+)
 from sparkpoint.agent.state.runs import CACHE_BYTES, SubtaskState, Written
 from sparkpoint.agent.time.timers import TimerIndex
 
@@ -89,6 +96,12 @@ _COPY = re.compile(
     r"^(?:run-(?P<first>\d+)-(?P<last>\d+)-(?P<seq>\d+)-l(?P<level>\d+)"
     r"|base-(?P<group>\d+)-(?P<base_seq>\d+))-[0-9a-f]+\.arrow$"
 )
+
+
+def file_name(locator: str) -> str:
+    """The name of the state file at a path or in a `segment` of a merged file."""
+    found = split_segment(locator)
+    return posixpath.basename(locator) if found is None else found[3]
 
 
 def restored_file(path: str, size: int, first: int, last: int) -> StateFile:
@@ -463,6 +476,37 @@ class StateBackend:
             self.seq_offset = max((f.seq for f in files), default=-1) + 1
             if shared:
                 self.confirmed = {f.path: (f.path, f.size) for f in files}
+
+    def adopt(self) -> int:
+        """After a restore from files the job does not keep (`restore` with ``shared`` false:
+        a NO_CLAIM snapshot, a savepoint, a full checkpoint whose directory goes with it once
+        subsumed): every restored file becomes a working file of this agent, linked (one local
+        file system) or copied, before any round reads it. From then on nothing the job does
+        reads the snapshot, which may go as soon as the first checkpoint completed (Flink's
+        NO_CLAIM); the first checkpoint copies the adopted files as it copies any working
+        file. Returns the bytes adopted."""
+        with self._lock:
+            restored = {
+                f.path: f for c in self.chains.values() for f in [*c.files(), *c.log] if not f.owned
+            }
+        targets = {path: f"{self.state_dir}/adopted/{file_name(path)}" for path in restored}
+        whole = [(p, t) for p, t in targets.items() if split_segment(p) is None]
+        link_or_copy_all(whole)
+        for path, target in targets.items():  # a segment of a merged file: its bytes alone
+            if split_segment(path) is not None:
+                write_file(target, read_file(path))
+        adopted = {p: replace(f, path=targets[p], owned=True) for p, f in restored.items()}
+        with self._lock:
+            for group, chain in list(self.chains.items()):
+                self._replace(
+                    group,
+                    Chain(
+                        adopted.get(chain.base.path, chain.base) if chain.base else None,
+                        tuple(adopted.get(r.path, r) for r in chain.runs),
+                        tuple(adopted.get(r.path, r) for r in chain.log),
+                    ),
+                )
+        return sum(f.size for f in restored.values())
 
     # --- garbage -------------------------------------------------------------------------------
 
