@@ -25,6 +25,7 @@ lost where nothing was committed yet (`RewindingConsumer`).
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import tempfile
@@ -161,12 +162,14 @@ class JobTable(faust.Table[bytes, Any]):
         record per produce request, so one per batch: the embedded broker reports a partition's
         end as its last batch's base offset + 1, and faust's recovery stops there, losing the
         rest of a batch of several records. Waiting also means an event is acknowledged (and
-        its offset committed) only once the document it changed is in the changelog."""
-        self.data[key] = doc
+        its offset committed) only once the document it changed is in the changelog, and a
+        reader sees a document only once it is there: a restart serves what it served before
+        (stored first, a SIGKILL between the two had it serve an older document afterwards)."""
         pending = await self.changelog_topic.send(
             key=key, value=doc, partition=self.partition_for_key(key)
         )
         await pending
+        self.data[key] = doc
 
 
 def faust_settings(settings: HistorySettings, partitions: int) -> dict[str, Any]:
@@ -226,9 +229,9 @@ def create_app(settings: HistorySettings, partitions: int) -> faust.App:
                 if decoded is None or job_id is None:
                     continue
                 doc = touched.get(job_id)
-                if doc is None:
+                if doc is None:  # a copy: readers see the stored one until the changelog has it
                     stored = jobs.get(job_id.encode())
-                    doc = stored if stored is not None else model.new_job(job_id)
+                    doc = copy.deepcopy(stored) if stored is not None else model.new_job(job_id)
                     touched[job_id] = doc
                 if model.apply(doc, decoded, *where, settings.checkpoint_history):
                     stats["folded"] += 1
