@@ -75,7 +75,9 @@ sustained rate >= 0.8 x the pre-filled throughput of the same job.
 
 ``--quick``: 10,000 records/s for 15 s, sparkpoint only, no sustained-rate search. ``--systems``,
 ``--workloads`` and ``--rates`` choose a subset; a subset's results go to the run's directory,
-bench/results/latency.json only gets a full default run.
+bench/results/latency.json only gets a full default run. ``LATENCY_BUFFER_TIMEOUT=500ms`` (in the
+environment) runs sparkpoint's jobs with that ``execution.buffer-timeout.interval`` (round
+pacing, docs/settings.md), for a comparison.
 """
 
 from __future__ import annotations

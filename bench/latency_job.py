@@ -64,8 +64,13 @@ def job() -> Job:
     guarantee = DeliveryGuarantee(env.get("LATENCY_GUARANTEE", "EXACTLY_ONCE"))
     sink = KafkaSink(output, delivery_guarantee=guarantee)
     workload = env["LATENCY_WORKLOAD"]
+    settings = SETTINGS | (  # a comparison of round pacing (LATENCY_BUFFER_TIMEOUT=0ms: none)
+        {"execution.buffer-timeout.interval": env["LATENCY_BUFFER_TIMEOUT"]}
+        if env.get("LATENCY_BUFFER_TIMEOUT")
+        else {}
+    )
     if workload == "example":
-        built = example_job(name, source, output, bounded=bounded, settings=SETTINGS)
+        built = example_job(name, source, output, bounded=bounded, settings=settings)
         return replace(built, sink=sink)
     if workload == "peers":
         return Job(
@@ -75,6 +80,6 @@ def job() -> Job:
             function=RunningSum(),
             sink=sink,
             parallelism=2,
-            settings=SETTINGS,
+            settings=settings,
         )
     raise ValueError(f"LATENCY_WORKLOAD: unknown workload {workload!r}")

@@ -386,6 +386,37 @@ def test_records_written_while_the_job_runs_are_committed_within_seconds_and_pro
     assert f'flink_taskmanager_job_task_numRecordsInPerSecond{{job_id="{job.id}"' in metrics
 
 
+def test_without_a_backlog_rounds_start_at_most_once_per_buffer_timeout(
+    coordinator: Running, spark: Any
+) -> None:
+    """``execution.buffer-timeout.interval``: records arriving one at a time are processed in a
+    round per interval (what arrived meanwhile), not in rounds back to back; they still arrive.
+    Unpaced, this input runs a round every few hundred ms or less."""
+    topic, output = new_topic(coordinator.bootstrap), unique("stats")
+    ensure_topic(coordinator.bootstrap, output)
+    interval_s = 1.0
+    settings = {"execution.buffer-timeout.interval": f"{int(interval_s * 1000)}ms"}
+    job = build(unique("paced"), topic, output, bounded=False, settings=settings)
+    producer = LiveProducer(coordinator.bootstrap, topic).start()
+    agent = in_process(job, coordinator, spark)
+    running = threading.Thread(target=agent.run, daemon=True)
+    running.start()
+    try:
+        wait(lambda: agent.processed_rows > 0, 120, "the first records processed")
+        time.sleep(1)  # past the start's backlog
+        rows, rounds, since = agent.processed_rows, agent.rounds, time.monotonic()
+        time.sleep(6)
+        rows, rounds = agent.processed_rows - rows, agent.rounds - rounds
+        elapsed = time.monotonic() - since
+    finally:
+        producer.stop()
+        agent.stop()
+        running.join(60)
+
+    assert rows > 0, "nothing processed while records arrived"
+    assert 1 <= rounds <= elapsed / interval_s + 1, (rounds, elapsed)
+
+
 # --- exactly-once through kill points, a producer writing the whole time ----------------------------
 
 

@@ -122,9 +122,17 @@ class JobLoop:
         busy |= self.end_of_input()
         self.after_turn()
         in_flight = bool(self.stages.in_flight() or self.parts.restoring.futures)
-        if not busy and self.read_control(IN_FLIGHT_WAIT_S if in_flight else IDLE_WAIT_S):
+        if not busy and self.read_control(self.wait_s(in_flight)):
             return JobStatus.FINISHED
         return None
+
+    def wait_s(self, in_flight: bool) -> float:
+        """How long a turn with nothing to do listens for control events: briefly while a stage
+        runs, until the next round may start when rounds are paced, else `IDLE_WAIT_S`."""
+        if in_flight:
+            return IN_FLIGHT_WAIT_S
+        pause = self.stages.pause_left()
+        return pause if 0 < pause < IDLE_WAIT_S else IDLE_WAIT_S
 
     def collect(self, wait: bool = False) -> bool:
         """Applies the stages that finished: stage 1's segments join the channels, stage 2's

@@ -173,7 +173,7 @@ class Agent:
             self.places.state_dir, self.places.sink_dir, self.options.max_rows_per_round,
             properties,
             self.config.buffer_debloat_target_ms if self.config.buffer_debloat else None,
-            self.config.buffer_debloat_samples,
+            self.config.buffer_debloat_samples, self.config.buffer_timeout_ms / 1000,
         )  # fmt: skip
 
     # --- what tests, benchmarks and the command line read ------------------------------------

@@ -92,6 +92,9 @@ class FetchResult:
     highest_event_time: int | None = None
     """The highest event time among the records read (before the job's map), when the source
     declares event time and the read took records."""
+    bounded: bool = False
+    """The read stopped at one of its bounds (records or time), not at what had arrived: a
+    backlog is there (`Rounds.pause_left` does not pace the next round)."""
 
 
 def segment_name(task: FetchTask, subtask: int) -> str:
@@ -319,12 +322,13 @@ def partition(
         bytes_read = sum(len(v) for v in read.values)
         frame, malformed = task.value_format.decode(read.values, read.keys, read.offsets)
         records, next_offset, early = len(read.values), read.next_offset, read.more_may_follow
+        bounded = read.early
         if task.kafka_timestamps and len(frame):
             frame[KAFKA_TIMESTAMP_COLUMN] = kept_timestamps(read, malformed)
     else:
         frame, next_offset = read_file_rows(task)
         records = len(frame)
-        early = records >= task.max_records
+        early = bounded = records >= task.max_records
         bytes_read = int(frame.memory_usage(deep=True).sum()) if records else 0
     segments: list[tuple[int, str, int, int]] = []
     highest = highest_event_time(frame, task.event_time_column)
@@ -349,6 +353,7 @@ def partition(
         bytes_read,
         capped=early,
         highest_event_time=highest,
+        bounded=bounded,
     )
 
 

@@ -89,6 +89,9 @@ class RoundSettings:
     debloat_target_ms: int | None = None
     """Buffer debloating's target, when it is on: bounds each round's reads (`rounds.debloat`)."""
     debloat_samples: int = 20
+    round_interval_s: float = 0.0
+    """``execution.buffer-timeout.interval``: without a backlog, rounds start at most this often
+    (`Rounds.pause_left`); 0: back to back."""
 
     @property
     def parallelism(self) -> int:
@@ -195,6 +198,22 @@ class Rounds:
         """The last read stopped at a bound somewhere: a backlog is there."""
         self.busy = False
         """The stage-2 part in flight took its segments from a backlog."""
+        self.read_bounded = False
+        """The last read stopped at a bound (records or time), not at what had arrived."""
+        self.backlog = False
+        """A bound stopped the last read, or the last stage-2 part left segments behind: the
+        next round is not paced (`pause_left`)."""
+
+    def pause_left(self) -> float:
+        """Seconds before the next round may start. As Flink sends a buffer when it is full or
+        its timeout passed, a round starts at once when there is a backlog (the last read
+        stopped at a bound, or the last stage-2 part left segments behind), else at most once
+        per ``round_interval_s``: what arrived meanwhile makes one round, not a round each
+        (each costs a Spark job and a pass over the state it touches)."""
+        interval = self.settings.round_interval_s
+        if not interval or self.backlog or self.read_bounded:
+            return 0.0
+        return max(0.0, self.submitted + interval - time.monotonic())
 
     def in_flight(self) -> list[Future[Any]]:
         return [f for f in (self.fetching, self.processing) if f is not None]
@@ -216,7 +235,7 @@ class Rounds:
         """Plans the next round and submits it, when none is in flight: stage 2 over what the
         channels hold, stage 1 unless ``held`` (restored channel state goes first), a channel is
         full (backpressure) or this is the end-of-input round. True when it has a stage-2 part."""
-        if self.in_flight():
+        if self.in_flight() or (self.pause_left() > 0 and not end_of_input):
             return False
         if not held:
             self.watermarks(source, channels)
@@ -327,6 +346,7 @@ class Rounds:
             self.input_bytes += result.bytes_read
         self.watermarks(source, channels)
         self.read_capped = any(r.capped for r in results)
+        self.read_bounded = any(r.bounded for r in results)
         if self.debloat is not None:
             self.debloat.read(fetched, sum(rows for r in results for _, _, rows, _ in r.segments))
         if self.read_bounds:
@@ -352,9 +372,9 @@ class Rounds:
         first round, every subtask with a share of the initial state."""
         max_rows = self.settings.max_rows_per_round
         taken = {i: c.take(max_rows) for i, c in enumerate(channels)}
-        self.busy = self.read_capped or any(
-            len(c.segments) > len(taken[i]) for i, c in enumerate(channels)
-        )
+        left_behind = any(len(c.segments) > len(taken[i]) for i, c in enumerate(channels))
+        self.busy = self.read_capped or left_behind
+        self.backlog = self.read_bounded or left_behind
         reaches = {i: c.reach(taken[i]) for i, c in enumerate(channels)}
         due: dict[int, tuple[list[int], list[int]]] = {}
         now_ms = int(time.time() * 1000)
