@@ -81,6 +81,9 @@ class StateFile:
     level: int = 0
     owned: bool = True
     """A working file the agent may delete; restored files never are."""
+    logged: bool = True
+    """In the log of every chain whose runs name it (a round's run, a restored run); false for
+    a run a merge here wrote, which only ``runs`` names."""
 
     def copy_name(self) -> str:
         """The name of a checkpointed copy, from which a restore reads what the file is."""
@@ -290,18 +293,23 @@ class StateBackend:
                 }.values()
                 level = max((r.level for r in old), default=0) + 1
                 newest = max((r.seq for r in old), default=seq)
-                merged = StateFile(path, size, newest, min(groups), max(groups), "run", level)
+                merged = StateFile(
+                    path, size, newest, min(groups), max(groups), "run", level, logged=False
+                )
                 for group in groups:
                     chain = self.chains.get(group, Chain())
                     kept = [r for r in chain.runs if r.path not in merged_paths]
                     runs = sorted([*kept, merged], key=lambda r: -r.seq)
-                    self._replace(group, Chain(chain.base, tuple(runs), chain.log))
+                    gone = [r for r in chain.runs if r.path in merged_paths and not r.logged]
+                    self._replace(group, Chain(chain.base, tuple(runs), chain.log), [merged], gone)
             if written.run is not None:
                 path, size, groups = written.run
                 run = StateFile(path, size, seq, min(groups), max(groups))
                 for group in groups:
                     chain = self.chains.get(group, Chain())
-                    self._replace(group, Chain(chain.base, (run, *chain.runs), (run, *chain.log)))
+                    self._replace(
+                        group, Chain(chain.base, (run, *chain.runs), (run, *chain.log)), [run], []
+                    )
                     if group not in self.materialized:  # a new key group's first run
                         self.materialized[group] = now - self.stagger(group)
             for group, size in written.bases.items():
@@ -317,17 +325,33 @@ class StateBackend:
             chain = self.chains.get(group, Chain())
             if any(r.path in merged_paths for r in chain.runs):
                 kept = tuple(r for r in chain.runs if r.path not in merged_paths)
-                self._replace(group, Chain(chain.base, kept, chain.log))
+                gone = [r for r in chain.runs if r.path in merged_paths and not r.logged]
+                self._replace(group, Chain(chain.base, kept, chain.log), [], gone)
         self._garbage.append(path)
 
-    def _replace(self, group: int, chain: Chain) -> None:
+    def _replace(
+        self,
+        group: int,
+        chain: Chain,
+        added: list[StateFile] | None = None,
+        removed: list[StateFile] | None = None,
+    ) -> None:
         """Under the lock: ``group``'s chain becomes ``chain``; files no chain names any more
-        become garbage (unless a snapshot still copies them: `collect_garbage`)."""
-        old = self.chains.get(group, Chain())
-        for f in {f.path: f for f in [*chain.files(), *chain.log]}.values():
+        become garbage (unless a snapshot still copies them: `collect_garbage`). ``added`` and
+        ``removed``: what the change adds to the chain and takes from it, when the caller knows
+        (a round's run, a merge); else the two chains are compared, which costs their length
+        (a log grows by a run a round until its key group is materialized: compared every
+        round, the books took a driver's core after a few thousand rounds)."""
+        if added is None or removed is None:
+            old = self.chains.get(group, Chain())
+            now = {f.path: f for f in [*chain.files(), *chain.log]}
+            before = {f.path: f for f in [*old.files(), *old.log]}
+            added = [f for p, f in now.items() if p not in before]
+            removed = [f for p, f in before.items() if p not in now]
+        for f in added:
             if f.owned:
                 self._refs[f.path] += 1
-        for f in {f.path: f for f in [*old.files(), *old.log]}.values():
+        for f in removed:
             if f.owned:
                 self._refs[f.path] -= 1
                 if self._refs[f.path] <= 0:
