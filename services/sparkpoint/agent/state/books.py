@@ -140,6 +140,23 @@ class Chain:
         return [*self.log, *([self.base] if self.base is not None else [])]
 
 
+class Prepended:
+    """A run put ahead of many key groups' runs and logs: key groups that had one tuple get one
+    tuple (a round touches many key groups, mostly with the same log), so a log is kept once
+    however many key groups share it and a checkpoint's plan reads each once."""
+
+    def __init__(self, run: StateFile) -> None:
+        self.run = run
+        self._made: dict[int, tuple[tuple[StateFile, ...], tuple[StateFile, ...]]] = {}
+        """id of a tuple -> (that tuple, kept alive so the id stays its own, the new one)."""
+
+    def of(self, files: tuple[StateFile, ...]) -> tuple[StateFile, ...]:
+        made = self._made.get(id(files))
+        if made is None:
+            made = self._made[id(files)] = (files, (self.run, *files))
+        return made[1]
+
+
 def read_state(chains: dict[int, Chain], **fields: Any) -> SubtaskState:
     """What a task is told of ``chains`` to read them (paths only), with the other ``fields`` of
     `SubtaskState` (the compaction it is to do, where local copies go, its memory budget)."""
@@ -305,11 +322,11 @@ class StateBackend:
             if written.run is not None:
                 path, size, groups = written.run
                 run = StateFile(path, size, seq, min(groups), max(groups))
+                ahead = Prepended(run)
                 for group in groups:
                     chain = self.chains.get(group, Chain())
-                    self._replace(
-                        group, Chain(chain.base, (run, *chain.runs), (run, *chain.log)), [run], []
-                    )
+                    grown = Chain(chain.base, ahead.of(chain.runs), ahead.of(chain.log))
+                    self._replace(group, grown, [run], [])
                     if group not in self.materialized:  # a new key group's first run
                         self.materialized[group] = now - self.stagger(group)
             for group, size in written.bases.items():
@@ -375,7 +392,15 @@ class StateBackend:
         plan: list[tuple[Upload, str | None]] = []
         with self._lock:
             proposed = self._proposed.setdefault(checkpoint_id, {})
-            files = {f.path: f for g, c in self.chains.items() if g in groups for f in c.durable()}
+            files: dict[str, StateFile] = {}
+            logs: set[int] = set()  # key groups a round touched together share one log
+            for group, chain in self.chains.items():
+                if group in groups:
+                    if id(chain.log) not in logs:
+                        logs.add(id(chain.log))
+                        files.update((f.path, f) for f in chain.log)
+                    if chain.base is not None:
+                        files[chain.base.path] = chain.base
             new: list[StateFile] = []
             for path, f in sorted(files.items()):
                 made = proposed.get(path)
