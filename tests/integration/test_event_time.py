@@ -5,6 +5,7 @@ stored in every checkpoint, and resumed (also with another parallelism) after a 
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import time
 import uuid
@@ -237,7 +238,8 @@ def run_until_stored(
 ) -> tuple[list[dict[str, Any]], list[int], Path]:
     """Runs ``agent`` until a completed checkpoint stored a watermark above the minimum (and,
     ``with_channel_state``, records in flight), then stops it; returns that checkpoint's
-    source snapshots and the watermarks its channel state records."""
+    source snapshots, the watermarks its channel state records, and a directory with its source
+    files as they were read (the checkpoint itself may be subsumed before the stop)."""
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
     found: list[dict[str, Any]] = []
@@ -259,7 +261,11 @@ def run_until_stored(
             if snapshots and all(s["watermark"]["value"] > MIN_WATERMARK for s in snapshots):
                 found[:] = snapshots
                 channel[:] = [m["watermark"] for m in manifests if "watermark" in m]
-                where[:] = [directory]
+                # its source files as read: a newer checkpoint may subsume it before the stop
+                kept = Path(tempfile.mkdtemp(prefix=f"{directory.name}-"))
+                for i, snapshot in enumerate(snapshots):
+                    (kept / f"source-{i}.json").write_text(json.dumps(snapshot))
+                where[:] = [kept]
                 return True
             return False
         return False
