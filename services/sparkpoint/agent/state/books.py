@@ -157,6 +157,14 @@ class Prepended:
         return made[1]
 
 
+def without(chain: Chain, merged: Container[str]) -> tuple[list[StateFile], list[StateFile]]:
+    """A merge's parts taken out of ``chain``'s runs: (the runs kept, the parts the chain no
+    longer names at all: those its log does not name either)."""
+    kept = [r for r in chain.runs if r.path not in merged]
+    gone = [r for r in chain.runs if r.path in merged and not r.logged]
+    return kept, gone
+
+
 def read_state(chains: dict[int, Chain], **fields: Any) -> SubtaskState:
     """What a task is told of ``chains`` to read them (paths only), with the other ``fields`` of
     `SubtaskState` (the compaction it is to do, where local copies go, its memory budget)."""
@@ -315,9 +323,8 @@ class StateBackend:
                 )
                 for group in groups:
                     chain = self.chains.get(group, Chain())
-                    kept = [r for r in chain.runs if r.path not in merged_paths]
+                    kept, gone = without(chain, merged_paths)
                     runs = sorted([*kept, merged], key=lambda r: -r.seq)
-                    gone = [r for r in chain.runs if r.path in merged_paths and not r.logged]
                     self._replace(group, Chain(chain.base, tuple(runs), chain.log), [merged], gone)
             if written.run is not None:
                 path, size, groups = written.run
@@ -341,9 +348,8 @@ class StateBackend:
         for group in sorted(groups):
             chain = self.chains.get(group, Chain())
             if any(r.path in merged_paths for r in chain.runs):
-                kept = tuple(r for r in chain.runs if r.path not in merged_paths)
-                gone = [r for r in chain.runs if r.path in merged_paths and not r.logged]
-                self._replace(group, Chain(chain.base, kept, chain.log), [], gone)
+                kept, gone = without(chain, merged_paths)
+                self._replace(group, Chain(chain.base, tuple(kept), chain.log), [], gone)
         self._garbage.append(path)
 
     def _replace(
