@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 import pandas as pd
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from sparkpoint.agent.faults import kill, passes
 from sparkpoint.agent.formats import with_registry_settings
@@ -352,15 +352,22 @@ def send_records(
     headers: list[tuple[str, str | bytes | None]] | None = None,
 ) -> None:
     """Queues records in the producer, waiting for room whenever its queue is full: an epoch may
-    hold more records than the queue."""
+    hold more records than the queue. A record the producer refuses at once (it already knows
+    the topic does not exist, say) fails the call as a delivery failure does, naming the topic
+    and how many records were not queued."""
     produce = producer.produce
-    for value, key in zip(values, keys, strict=True):
+    for queued, (value, key) in enumerate(zip(values, keys, strict=True)):
         while True:
             try:  # value and key by position: 0.15 us a record less than by keyword
                 produce(topic, value, key, headers=headers)
                 break
             except BufferError:
                 producer.poll(0.05)
+            except KafkaException as refused:
+                raise RuntimeError(
+                    f"{len(values) - queued} records to {topic} not delivered: refused by the "
+                    f"producer: {refused.args[0].str()}"
+                ) from refused
 
 
 @dataclass(frozen=True)
