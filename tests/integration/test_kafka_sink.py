@@ -116,31 +116,24 @@ def test_a_retried_publishing_task_does_not_publish_an_epoch_its_lost_attempt_co
     assert len({token for _, _, token in records}) == 2, "two transactions, not three"
 
 
-@pytest.mark.parametrize(
-    ("rows", "refusal"),
-    [
-        (2, r"2 records to not a/valid topic not delivered: .*Invalid topic"),
-        (200_000, r"\d+ records to not a/valid topic not delivered: .*(Invalid|Unknown) topic"),
-    ],
-    ids=["at-delivery", "at-produce"],
-)
+@pytest.mark.parametrize("rows", [2, 200_000], ids=["small", "large"])
 def test_an_at_least_once_record_the_broker_refuses_fails_the_task_instead_of_vanishing(
     kafka: KafkaUnderTest,
     topic_prefix: str,
     codec: EventCodec,
     new_topic: Callable[..., str],
     rows: int,
-    refusal: str,
 ) -> None:
     """A producer's flush returns once every record is delivered or failed: the at-least-once
     sink asks librdkafka for its failures, so a refused record fails the stage-2 task (the job
     restarts and reads it again) rather than being counted as written. A producer that learnt
-    the topic's fate while the frame was being queued refuses the rest at once (an epoch of
-    200,000 records here): that fails the task the same way, with the same words. The producer
-    is not kept after it; the next one writes."""
+    the topic's fate while the frame was being queued refuses the rest at once (nearly always
+    in an epoch of 200,000 records, now and then in one of two): that fails the task the same
+    way, with the same words. The producer is not kept after it; the next one writes."""
     refused = KafkaSink("not a/valid topic", delivery_guarantee=DeliveryGuarantee.AT_LEAST_ONCE)
     emit = KafkaSinkWriter(refused, kafka.bootstrap, codec, "job-alo", "a-1", "user").direct()
     assert emit is not None
+    refusal = r"\d+ records to not a/valid topic not delivered: .*(Invalid|Unknown) topic"
     with pytest.raises(RuntimeError, match=refusal):
         emit(pd.DataFrame({"user": [f"u{i}" for i in range(rows)], "n": range(rows)}))
 
