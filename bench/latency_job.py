@@ -45,7 +45,7 @@ SETTINGS = {
 
 
 class RunningSum(KeyedFunction):
-    """bench/peers/sparkpoint_job.py's function: each record's running sum of its user."""
+    """bench/peers/sparkpoint_running_sum.py's function: each record's running sum of its user."""
 
     state: ClassVar[Mapping[str, StateDescriptor]] = {"sum": ValueState("int64")}
 

@@ -1,111 +1,22 @@
 """The peers benchmark's workload on sparkpoint (run by bench/peers.py in .venv, against the
-coordinator bench/peers.py runs): a running sum per user, every updated sum written to the
-output topic.
-
-The job: a bounded Kafka source, key ``user``, a keyed function with one int64 value state,
-vectorized over each key group's batch as the example job's PaymentStats is, an exactly-once
-Kafka sink, parallelism 2 on Spark ``local[2]``, unaligned checkpoints every 1 s with no minimum
-pause (an aligned one waits for the round in flight, about half a round on a backlog).
-The agent runs in this process as ``sparkpoint agent`` runs it; its ``start_seconds`` (Spark
-start and warm-up, source positions, registration) is reported so the benchmark can leave it
-out, and the moment the first round that processed records ended (``first_processed``, watched
-every 5 ms). Checkpoint durations are read by the benchmark from the audit topic.
+coordinator bench/peers.py runs): the job of sparkpoint_running_sum.py, started as
+``sparkpoint agent`` starts a job: the Spark driver's JVM is launched first (`launch_driver`),
+and the agent, the job and their libraries are imported while it starts.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import logging
-import threading
-import time
-from collections.abc import Mapping
-from typing import ClassVar
+from common import arguments
 
-import pandas as pd
-from common import Clock, arguments, report
-
-from sparkpoint.agent.job import (
-    Job,
-    KafkaSink,
-    KafkaSource,
-    KeyedFunction,
-    KeyedState,
-    StateDescriptor,
-    ValueState,
-)
-from sparkpoint.agent.runtime import Agent, AgentOptions
-from sparkpoint.common.avro import EventCodec
-from sparkpoint.common.events import JobStatus
-
-SETTINGS = {
-    "execution.checkpointing.interval": "1s",
-    "execution.checkpointing.min-pause": "0ms",
-    "execution.checkpointing.unaligned.enabled": "true",
-}
-
-
-class RunningSum(KeyedFunction):
-    state: ClassVar[Mapping[str, StateDescriptor]] = {"sum": ValueState("int64")}
-
-    def process(self, records: pd.DataFrame, state: KeyedState) -> pd.DataFrame:
-        user = records["user"]
-        base = user.map(state.value("sum")).fillna(0).astype("int64")
-        sums = base + records.groupby("user", sort=False)["amount"].cumsum().astype("int64")
-        state.update_value("sum", sums.groupby(user, sort=False).last())
-        return pd.DataFrame({"user": user, "sum": sums})
-
-
-def running_sum_job(name: str, input_topic: str, output_topic: str) -> Job:
-    return Job(
-        name=name,
-        source=KafkaSource([input_topic], bounded=True),
-        key="user",
-        function=RunningSum(),
-        sink=KafkaSink(output_topic),
-        parallelism=2,
-        settings=SETTINGS,
-    )
+from sparkpoint.agent.spark.session import launch_driver
 
 
 def main() -> None:
     args = arguments(__doc__ or "")
-    logging.basicConfig(level=logging.WARNING)
-    clock = Clock()
-    job = running_sum_job(args.name, args.input, args.output)
-    options = AgentOptions(args.bootstrap, master="local[2]", checkpoint_dir=args.work_dir)
-    agent = Agent(job, options, EventCodec())
-    started = time.monotonic()
-    first_processed: list[float] = []
+    launch_driver("local[2]")
+    from sparkpoint_running_sum import run
 
-    def watch_first_round() -> None:
-        # the first round that processed records ends: its rows are counted at its collection
-        while not first_processed and not stopped.wait(0.005):
-            if agent.processed_rows > 0:
-                first_processed.append(time.monotonic())
-
-    stopped = threading.Event()
-    threading.Thread(target=watch_first_round, name="first-round", daemon=True).start()
-    status = agent.run()
-    stopped.set()
-    clock.done = time.monotonic()
-    if status is not JobStatus.FINISHED:
-        raise SystemExit(f"job {job.id} ended {status.name}, not FINISHED")
-    report(
-        {
-            "job_id": job.id,
-            "registered": started + agent.start_seconds,
-            "done": clock.done,
-            "start_seconds": agent.start_seconds,
-            "first_processed": first_processed[0] if first_processed else None,
-            "rounds": agent.stages.rounds,
-            "processed_rows": agent.processed_rows,
-            "restarts": agent.restarts,
-            "versions": {
-                name: importlib.metadata.version(name)
-                for name in ("sparkpoint", "pyspark", "confluent-kafka")
-            },
-        }
-    )
+    run(args)
 
 
 if __name__ == "__main__":

@@ -387,6 +387,7 @@ class Agent:
         registering it may start splitting restored channel state into its local channel
         directory (`recovery`): that directory is its own and goes when it closes."""
         started, own = time.monotonic(), False
+        self.spark_jobs.start_warm_up(self.parallelism)  # Spark starts while the rest is read
         if restore == AFTER_REGISTERING:
             # a restart: the next attempt registers first. From then on the coordinator hears
             # nothing of the failed attempt, so none of its checkpoints completes (subsuming the
@@ -399,8 +400,8 @@ class Agent:
                 self.latest_completed, self.started_from,
             ), True  # fmt: skip
         restored = self._restored(restore, own) if restore is not None else None
-        self._warm_up()
         self.current = self._new_attempt(restored)
+        self._warm_up()
         if not self.membership.accepted or self.attempt != attempt:
             self.link.connect()
             self.link.register(lambda n: self._registration(restored, n), attempt)
@@ -431,9 +432,9 @@ class Agent:
         )  # fmt: skip
 
     def _warm_up(self) -> None:
-        """Starts Spark and its Python workers before the job registers (a session takes 10 s or
-        more to its first result, and triggers must not wait for that). A restart in this
-        process finds them warm."""
+        """Spark and its Python workers started (`_start` began it) before the job registers (a
+        session takes seconds to its first result, and triggers must not wait for that). A
+        restart in this process finds them warm."""
         if self.running_once:
             return
         self.spark_jobs.warm_up(self.parallelism)

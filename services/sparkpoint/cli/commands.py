@@ -184,10 +184,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from sparkpoint.agent.main import AgentFailed, run
-    from sparkpoint.agent.rounds.channels import DEFAULT_CAPACITY_BYTES
-    from sparkpoint.agent.runtime import AgentOptions
-    from sparkpoint.common.events import JobStatus
+    from sparkpoint.agent.spark.session import launch_driver
 
     spark_settings = {}
     for setting in args.conf or []:
@@ -195,8 +192,16 @@ def cmd_agent(args: argparse.Namespace) -> int:
         if not sep or not key.startswith("spark."):
             raise OperationFailed(f"--conf {setting!r}: expected spark.KEY=VALUE")
         spark_settings[key] = value
+    bootstrap = with_topics(reachable(args.bootstrap))
+    # the driver's JVM starts while the agent, the job and their libraries are imported
+    launch_driver(args.master, spark_settings)
+    from sparkpoint.agent.main import AgentFailed, run
+    from sparkpoint.agent.rounds.channels import DEFAULT_CAPACITY_BYTES
+    from sparkpoint.agent.runtime import AgentOptions
+    from sparkpoint.common.events import JobStatus
+
     options = AgentOptions(
-        with_topics(reachable(args.bootstrap)),
+        bootstrap,
         parallelism=args.parallelism,
         restore=args.restore,
         allow_non_restored_state=args.allow_non_restored_state,

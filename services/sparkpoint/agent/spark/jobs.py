@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from functools import partial
 from typing import Any, TypeVar
 
@@ -44,6 +46,9 @@ class SparkJobs:
         self.master = master
         self.settings = dict(settings)
         self._session = spark
+        self._session_lock = threading.Lock()
+        """Held while the session starts: a caller on another thread waits for that one."""
+        self._warming: Future[None] | None = None
         self.traffic = DriverTraffic()
         self.stage_seconds: dict[str, float] = {"rounds": 0.0}
         """Wall time inside the rounds' Spark jobs."""
@@ -53,10 +58,11 @@ class SparkJobs:
         return self._session is not None
 
     def session(self) -> Any:
-        if self._session is None:
-            from sparkpoint.agent.spark.session import spark_session
+        with self._session_lock:
+            if self._session is None:
+                from sparkpoint.agent.spark.session import spark_session
 
-            self._session = spark_session(self.app_name, self.master, self.settings)
+                self._session = spark_session(self.app_name, self.master, self.settings)
         return self._session
 
     @property
@@ -74,10 +80,35 @@ class SparkJobs:
         """The task slots Spark has now (``local[N]``: N; a cluster: its executors' cores)."""
         return int(self.context.defaultParallelism)
 
+    def start_warm_up(self, parallelism: int) -> None:
+        """Starts `warm_up`'s work on a thread of its own and returns at once: what the caller
+        does meanwhile (reading what it restores, its source's positions) overlaps Spark's start.
+        `warm_up` waits for it; a caller of `session` on another thread waits for the session."""
+        if self._warming is not None:
+            return
+        warming = self._warming = Future()
+
+        def warm() -> None:
+            try:
+                self._warm(parallelism)
+            except BaseException as exc:
+                warming.set_exception(exc)
+            else:
+                warming.set_result(None)
+
+        threading.Thread(target=warm, name="spark-warm-up", daemon=True).start()
+
     def warm_up(self, parallelism: int) -> None:
         """Starts Spark and its Python workers, which import what the agent's tasks need (a
-        session takes 4 s or more to its first result, a worker 1 s to its imports, and nothing
-        that follows should wait for them); a task per task slot, at least ``parallelism``."""
+        session takes 2-4 s to its first result, a worker about 0.5 s to its imports, and
+        nothing that follows should wait for them); a task per task slot, at least
+        ``parallelism``. Waits for the warm-up `start_warm_up` started, and raises what it
+        raised."""
+        self.start_warm_up(parallelism)
+        assert self._warming is not None
+        self._warming.result()
+
+    def _warm(self, parallelism: int) -> None:
         sc = self.context
         sc.setJobDescription("warm-up")
         tasks = max(parallelism, self.cores())
