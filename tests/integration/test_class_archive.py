@@ -96,14 +96,18 @@ def test_an_archive_cut_short_is_refused_before_agents_could_map_it(cut: Path) -
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("ahead", [False, True], ids=["session", "launched-ahead"])
 def test_an_agents_driver_that_cannot_start_with_the_archive_starts_without_it(
-    tmp_path: Path, cut: Path
+    tmp_path: Path, cut: Path, ahead: bool
 ) -> None:
     """An archive damaged after it was put in place crashes the JVM that maps it: the session
-    starts again without it, and the warning says what to do."""
+    starts again without it, and the warning says what to do. Launched ahead (as `sparkpoint
+    agent` does), the crash is the session's to report and recover from the same way."""
+    launch = "from sparkpoint.agent.spark.session import launch_driver\n"
     program = (
         "import logging; logging.basicConfig(level=logging.WARNING)\n"
-        "from sparkpoint.agent.spark.session import spark_session\n"
+        + (launch + "launch_driver('local[1]')\n" if ahead else "")
+        + "from sparkpoint.agent.spark.session import spark_session\n"
         "session = spark_session('damaged-archive', 'local[1]')\n"
         "print('sum', session.sparkContext.parallelize(range(4)).sum())\n"
     )
