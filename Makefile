@@ -59,6 +59,7 @@ bench: install
 	$(BIN)/python bench/recovery.py
 	$(BIN)/python bench/state.py
 	$(BIN)/python bench/books.py
+	$(BIN)/python bench/planning.py
 	$(BIN)/python bench/testing.py
 	$(BIN)/python bench/time.py
 	$(BIN)/python bench/security.py

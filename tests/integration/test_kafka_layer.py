@@ -17,8 +17,10 @@ from sparkpoint.common.kafka import (
     EventSubscriber,
     Malformed,
     Received,
+    make_admin,
     make_consumer,
     make_producer,
+    partition_offsets,
     read_to_end,
 )
 from sparkpoint.common.kafka_errors import ErrorKind, classify
@@ -173,3 +175,42 @@ def test_producers_place_keys_where_partition_of_says(
         job_id = f"job-{i}"
         delivered = publisher.publish_sync(topic, job_id, factories.notify_complete())
         assert delivered.partition == partition_of(job_id, 6), job_id
+
+
+@pytest.mark.parametrize("read_committed", [False, True], ids=["uncommitted", "committed"])
+def test_partition_offsets_asks_every_partition_at_once_what_a_consumer_asks_one_by_one(
+    kafka: KafkaUnderTest, new_topic: NewTopicFactory, read_committed: bool
+) -> None:
+    """A round's planning asks every source partition's end in one request: the same offsets a
+    consumer of the same isolation level reports per partition (the latest, and the earliest),
+    a transaction left open included, and partitions of two topics in one call."""
+    first, second = new_topic(partitions=3), new_topic(partitions=2)
+    producer = make_producer(kafka.bootstrap)
+    for i in range(70):
+        producer.produce(first, b"x", partition=i % 3 if i < 60 else 1)
+    producer.produce(second, b"y", partition=1)
+    producer.flush(10)
+    open_transaction = make_producer(kafka.bootstrap, transactional_id=f"t-{time.time_ns()}")
+    open_transaction.init_transactions(10)
+    open_transaction.begin_transaction()
+    open_transaction.produce(first, b"z", partition=2)
+    open_transaction.flush(10)
+    partitions = [(first, 0), (first, 1), (first, 2), (second, 0), (second, 1)]
+    consumer = make_consumer(kafka.bootstrap, read_committed=read_committed)
+    try:
+        one_by_one = {
+            p: consumer.get_watermark_offsets(TopicPartition(*p), timeout=10, cached=False)
+            for p in partitions
+        }
+        latest = partition_offsets(
+            make_admin(kafka.bootstrap), partitions, read_committed=read_committed
+        )
+        earliest = partition_offsets(make_admin(kafka.bootstrap), partitions, latest=False)
+    finally:
+        consumer.close()
+        open_transaction.abort_transaction(10)
+
+    assert latest == {p: high for p, (_, high) in one_by_one.items()}
+    assert earliest == {p: low for p, (low, _) in one_by_one.items()}
+    assert latest[(second, 0)] == 0 and latest[(second, 1)] >= 1
+    assert partition_offsets(make_admin(kafka.bootstrap), []) == {}

@@ -9,12 +9,17 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
 
 from sparkpoint.agent.job import KafkaSource
 from sparkpoint.agent.sources import EndsEarly, Partition, PlannedRead, share_by_backlog
 from sparkpoint.agent.time.watermarks import SourceWatermarks
-from sparkpoint.common.kafka import consumer_config, true_end_offset
+from sparkpoint.common.kafka import (
+    consumer_config,
+    make_admin,
+    partition_offsets,
+    true_end_offset,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +46,13 @@ class KafkaSourceReader(EndsEarly):
     reports the same watermark until another batch arrives, and the end is the same too."""
 
     def __post_init__(self) -> None:
-        self.consumer = Consumer(
-            consumer_config(
-                self.bootstrap,
-                client_id="sparkpoint-source-driver",
-                properties=self.source.properties,
-            )
+        config = consumer_config(
+            self.bootstrap, client_id="sparkpoint-source-driver", properties=self.source.properties
         )
+        self.consumer = Consumer(config)
+        self.admin = make_admin(self.bootstrap, self.source.properties)
+        """Asks every partition's offsets in one request (`partition_offsets`)."""
+        self.read_committed = config.get("isolation.level") == "read_committed"
         self.partitions: list[Partition] = []
         for topic in self.source.topics:
             metadata = self.consumer.list_topics(topic, timeout=10).topics.get(topic)
@@ -69,14 +74,13 @@ class KafkaSourceReader(EndsEarly):
         time, the highest event times the checkpoint stored (``event_times``)."""
         if self.watermarks is not None:
             self.watermarks.start(event_times or {}, time.monotonic())
+        fresh = [p for p in self.partitions if restored is None or p not in restored]
+        earliest = partition_offsets(self.admin, fresh, latest=False)
         for partition in self.partitions:
-            if restored is not None and partition in restored:
-                self.positions[partition] = restored[partition]
+            if partition in earliest:
+                self.positions[partition] = earliest[partition]
             else:
-                low, _ = self.consumer.get_watermark_offsets(
-                    TopicPartition(*partition), timeout=10, cached=False
-                )
-                self.positions[partition] = low
+                self.positions[partition] = (restored or {})[partition]
         if self.source.bounded:
             for partition in self.partitions:
                 if partition not in self.ends:
@@ -100,6 +104,10 @@ class KafkaSourceReader(EndsEarly):
         at once, the watermark unasked."""
         limit = self.source.max_records_per_partition
         backlog: dict[Partition, int | None] = {}
+        latest = partition_offsets(
+            self.admin, [p for p in self.partitions if p not in self.ends], True,
+            self.read_committed,
+        )  # fmt: skip
         for partition in self.partitions:
             position = self.positions[partition]
             if partition in self.ends:
@@ -107,9 +115,7 @@ class KafkaSourceReader(EndsEarly):
                 if position < self.ends[partition]:
                     backlog[partition] = self.ends[partition] - position
                 continue
-            _, high = self.consumer.get_watermark_offsets(
-                TopicPartition(*partition), timeout=10, cached=False
-            )
+            high = latest[partition]
             if high < position:  # never on Apache Kafka: the watermark counts a batch's base
                 high = self._true_end(partition, high)
             self.highs[partition] = high
