@@ -147,6 +147,43 @@ def test_without_the_topics_coordinator_and_agent_say_how_to_create_them(
     assert f"sparkpoint topics create --bootstrap {kafka.bootstrap}" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("job", "said", "spark_started"),
+    [
+        ("no_such_module:job", "No module named 'no_such_module'", False),
+        ("no/such/file.py:job", "job file no/such/file.py does not exist", False),
+        ("sparkpoint.agent.example:no_such_job", "no attribute 'no_such_job'", True),
+    ],
+    ids=["module", "file", "attribute"],
+)
+def test_an_agent_whose_job_cannot_be_loaded_says_why_and_leaves_no_jvm_behind(
+    kafka: KafkaUnderTest, job: str, said: str, spark_started: bool
+) -> None:
+    """`sparkpoint agent` starts the driver's JVM while it loads the job: a job file or module
+    that is not there fails before that, and a job that fails to load once it started ends the
+    JVM before the command says why (it would otherwise outlive it, writing its start-up lines
+    after the error)."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    assert (
+        sparkpoint("topics", "create", "--bootstrap", kafka.bootstrap, prefix=prefix).returncode
+        == 0
+    )
+    marker = f"spark.sparkpoint.test={uuid.uuid4().hex}"
+
+    result = sparkpoint(
+        "agent", job, "--bootstrap", kafka.bootstrap, "--conf", marker, prefix=prefix
+    )
+
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"cannot load job {job!r}" in result.stderr and said in result.stderr
+    if not spark_started:
+        assert "Using Spark" not in result.stderr and "log level" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"sparkpoint: cannot load job {job!r}"), "output after the error"
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, check=False)
+    assert left.stdout.strip() == "", "a JVM of the failed command is still running"
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["topics", "--help"], ["demo", "--help"]])
 def test_help_is_available(argv: list[str]) -> None:
     result = sparkpoint(*argv)

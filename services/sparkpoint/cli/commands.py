@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -184,7 +185,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from sparkpoint.agent.spark.session import launch_driver
+    from sparkpoint.agent.spark.session import abandon_launched_driver, launch_driver
 
     spark_settings = {}
     for setting in args.conf or []:
@@ -193,8 +194,35 @@ def cmd_agent(args: argparse.Namespace) -> int:
             raise OperationFailed(f"--conf {setting!r}: expected spark.KEY=VALUE")
         spark_settings[key] = value
     bootstrap = with_topics(reachable(args.bootstrap))
+    _findable(args.job)
     # the driver's JVM starts while the agent, the job and their libraries are imported
     launch_driver(args.master, spark_settings)
+    try:
+        return _run_agent(args, bootstrap, spark_settings)
+    except BaseException:
+        abandon_launched_driver()  # a job that could not start leaves no JVM behind
+        raise
+
+
+def _findable(spec: str) -> None:
+    """A job whose file or module is not there fails before Spark starts, in the words loading
+    it would use (`load_job` says what else can be wrong, once it runs)."""
+    if spec == "example":
+        return
+    target = spec.partition(":")[0]
+    if target.endswith(".py") or Path(target).is_file():
+        if not Path(target).is_file():
+            raise OperationFailed(f"cannot load job {spec!r}: job file {target} does not exist")
+        return
+    try:
+        found = importlib.util.find_spec(target)
+    except (ImportError, ValueError) as exc:  # a parent package missing or failing to import
+        raise OperationFailed(f"cannot load job {spec!r}: {exc}") from None
+    if found is None:
+        raise OperationFailed(f"cannot load job {spec!r}: No module named {target!r}")
+
+
+def _run_agent(args: argparse.Namespace, bootstrap: str, spark_settings: dict[str, str]) -> int:
     from sparkpoint.agent.main import AgentFailed, run
     from sparkpoint.agent.rounds.channels import DEFAULT_CAPACITY_BYTES
     from sparkpoint.agent.runtime import AgentOptions

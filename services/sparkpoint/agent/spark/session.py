@@ -9,6 +9,7 @@ exists (a session gets to its first results 4-7 s sooner).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -130,6 +131,28 @@ def launch_driver(
 
     _launching.append(threading.Thread(target=launch, name="spark-driver-launch", daemon=True))
     _launching[0].start()
+
+
+def abandon_launched_driver(timeout_s: float = 30.0) -> None:
+    """Ends the JVM `launch_driver` started when no session took it over (the job could not be
+    loaded, the agent refused to start): it would otherwise outlive the command and write its
+    start-up lines after the command's error. Waits for the launch to finish first."""
+    if not _launching:
+        return
+    _launching[0].join(timeout_s)
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None or SparkContext._active_spark_context is not None:
+        return
+    proc = getattr(gateway, "proc", None)
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    if proc is not None:
+        proc.kill()
+        proc.wait(10)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 def _worker_environment() -> None:
