@@ -184,6 +184,25 @@ def test_an_agent_whose_job_cannot_be_loaded_says_why_and_leaves_no_jvm_behind(
     assert left.stdout.strip() == "", "a JVM of the failed command is still running"
 
 
+def test_an_agent_whose_source_topic_is_missing_says_so_in_a_line(kafka: KafkaUnderTest) -> None:
+    """The example job before `sparkpoint generate` created its input: one line naming the
+    topic and what to do, no traceback, exit 1."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    assert (
+        sparkpoint("topics", "create", "--bootstrap", kafka.bootstrap, prefix=prefix).returncode
+        == 0
+    )
+
+    result = sparkpoint("agent", "example", "--bootstrap", kafka.bootstrap, prefix=prefix)
+
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"sparkpoint: source topic \S*payments does not exist \(create it first\)", last
+    )
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["topics", "--help"], ["demo", "--help"]])
 def test_help_is_available(argv: list[str]) -> None:
     result = sparkpoint(*argv)

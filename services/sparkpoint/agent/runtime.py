@@ -52,11 +52,12 @@ from sparkpoint.agent.options import (
     job_secrets,
 )
 from sparkpoint.agent.recovery.filter_jobs import FilterJobs
-from sparkpoint.agent.recovery.restore import Restored, latest_for_restart
+from sparkpoint.agent.recovery.restore import NoCheckpoint, Restored, latest_for_restart
 from sparkpoint.agent.rounds.channels import Channel, SegmentFiles
 from sparkpoint.agent.rounds.rounds import Rounds, RoundSettings
-from sparkpoint.agent.sinks import EpochCommitter, SinkWriter
+from sparkpoint.agent.sinks import EpochCommitter, SinkConflict, SinkWriter
 from sparkpoint.agent.sinks.job_sink import JobSink
+from sparkpoint.agent.sources import SourceMissing
 from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
 from sparkpoint.agent.spark.jobs import SparkJobs
@@ -75,6 +76,9 @@ from sparkpoint.common.redaction import register_secrets
 __all__ = ["MAX_ROWS_PER_ROUND", "Agent", "AgentOptions", "Restart"]
 
 log = logging.getLogger(__name__)
+
+SETUP = (NoCheckpoint, SinkConflict, SourceMissing)
+"""Why a job could not start that its message says in full: logged without a traceback."""
 
 AFTER_REGISTERING = "latest, once registered"
 """What a restart restores when no checkpoint is named: the newest retained one, read after the
@@ -280,8 +284,8 @@ class Agent:
             log.error("job %s: %s", self.job_id, exc)
             self.status = JobStatus.FAILED
             raise
-        except Exception as exc:
-            log.exception("job %s failed", self.job_id)
+        except Exception as exc:  # a cause the user can act on in a line, anything else in full
+            log.error("job %s failed: %s", self.job_id, exc, exc_info=not isinstance(exc, SETUP))
             if self.membership.accepted and self.status is not JobStatus.FAILED:
                 self.link.announce(JobStatus.FAILED, failure=exc)
             self.status = JobStatus.FAILED
@@ -345,6 +349,7 @@ class Agent:
         self.stopping.set()
 
     def _close(self) -> None:
+        self.spark_jobs.settle()
         self.membership.stop_heartbeats()
         self.filter_jobs.end_attempt()
         if self.current is not None and self.current.parts.restoring.futures:

@@ -8,6 +8,11 @@ from dataclasses import dataclass
 Partition = tuple[str, int]
 
 
+class SourceMissing(ValueError):
+    """A job's source is not there to read (a topic not created, no file matching): the job
+    cannot start, and the message says what to do."""
+
+
 @dataclass(frozen=True)
 class PlannedRead:
     """One partition's part of a round: read up to ``until`` (None: what is there; a bounded

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from fsspec.core import url_to_fs
 
 from sparkpoint.agent.job import FileSource
-from sparkpoint.agent.sources import EndsEarly, Partition, PlannedRead
+from sparkpoint.agent.sources import EndsEarly, Partition, PlannedRead, SourceMissing
 from sparkpoint.agent.time.watermarks import SourceWatermarks
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class FileSourceReader(EndsEarly):
     def __post_init__(self) -> None:
         files = expand(self.source.path)
         if not files:
-            raise ValueError(f"file source {self.source.path}: no file matches")
+            raise SourceMissing(f"file source {self.source.path}: no file matches")
         self.partitions: list[Partition] = [(f, 0) for f in files]
         strategy = self.source.watermark_strategy
         self.watermarks = SourceWatermarks(strategy, self.partitions) if strategy else None

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer
 
 from sparkpoint.agent.job import KafkaSource
-from sparkpoint.agent.sources import EndsEarly, Partition, PlannedRead, share_by_backlog
+from sparkpoint.agent.sources import (
+    EndsEarly,
+    Partition,
+    PlannedRead,
+    SourceMissing,
+    share_by_backlog,
+)
 from sparkpoint.agent.time.watermarks import SourceWatermarks
 from sparkpoint.common.kafka import (
     consumer_config,
@@ -57,7 +63,7 @@ class KafkaSourceReader(EndsEarly):
         for topic in self.source.topics:
             metadata = self.consumer.list_topics(topic, timeout=10).topics.get(topic)
             if metadata is None or metadata.error is not None or not metadata.partitions:
-                raise ValueError(f"source topic {topic} does not exist (create it first)")
+                raise SourceMissing(f"source topic {topic} does not exist (create it first)")
             self.partitions += [(topic, p) for p in sorted(metadata.partitions)]
         strategy = self.source.watermark_strategy
         self.watermarks = SourceWatermarks(strategy, self.partitions) if strategy else None

@@ -108,6 +108,14 @@ class SparkJobs:
         assert self._warming is not None
         self._warming.result()
 
+    def settle(self) -> None:
+        """Waits for a warm-up in flight, whatever its outcome: the caller is closing (a job
+        that could not start), and a Spark left starting would write its start-up lines after
+        the caller's last word."""
+        if self._warming is not None:
+            with contextlib.suppress(BaseException):
+                self._warming.result()
+
     def _warm(self, parallelism: int) -> None:
         sc = self.context
         sc.setJobDescription("warm-up")
