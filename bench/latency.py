@@ -659,6 +659,10 @@ def analyze(
         "latency_ms": stats(bounded[steady]),
         "latency_is_lower_bound": steady_missing > 0,
         "steady_outputs_missing": steady_missing,
+        "missing_examples": [
+            {"input": int(i), "produced_after_feed_start_s": round(float(times[i] - start), 3)}
+            for i in np.flatnonzero(expects & ~seen)[:20]
+        ],
         "p50_first_third_ms": round(p50_first, 1),
         "p50_last_third_ms": round(p50_last, 1),
         "backlog_at_feed_end_s": round(backlog_s, 2),
