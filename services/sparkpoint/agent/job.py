@@ -45,6 +45,7 @@ from sparkpoint.agent.connectors import KafkaSink as KafkaSink
 from sparkpoint.agent.connectors import KafkaSource as KafkaSource
 from sparkpoint.agent.connectors import Sink as Sink
 from sparkpoint.agent.connectors import Source as Source
+from sparkpoint.agent.job_spec import parse_job_spec
 from sparkpoint.agent.time.strategy import MIN_WATERMARK
 from sparkpoint.agent.time.ttl import StateTtlConfig, ttl_state_name
 from sparkpoint.common.keygroups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
@@ -525,10 +526,9 @@ class Job:
 def load_job(spec: str) -> Job:
     """A job from ``module:attribute``, a file path (``path.py`` or ``path.py:attribute``), or the
     reserved name ``example``. The attribute may be a `Job` or a function returning one."""
-    if spec == "example":  # the bundled example job, loaded by name as any other job is
-        spec = "sparkpoint.agent.example:example_job"
-    target, _, attribute = spec.partition(":")
-    if target.endswith(".py") or Path(target).is_file():
+    parsed = parse_job_spec(spec)
+    target, attribute = parsed.target, parsed.attribute
+    if parsed.in_file:
         path = Path(target)
         if not path.is_file():
             raise ValueError(f"job file {target} does not exist")
@@ -541,9 +541,9 @@ def load_job(spec: str) -> Job:
         module_spec.loader.exec_module(module)
     else:
         module = importlib.import_module(target)
-    value = getattr(module, attribute or "job", None)
+    value = getattr(module, attribute, None)
     if value is None:
-        raise ValueError(f"{spec}: no attribute {attribute or 'job'!r}")
+        raise ValueError(f"{spec}: no attribute {attribute!r}")
     job = value() if callable(value) and not isinstance(value, Job) else value
     if not isinstance(job, Job):
         raise ValueError(f"{spec} is not a sparkpoint Job (got {type(job).__name__})")

@@ -8,10 +8,7 @@ from collections.abc import Callable
 
 from sparkpoint.agent.control.membership import RegistrationRefused, Superseded
 from sparkpoint.agent.job import Job, load_job
-from sparkpoint.agent.recovery.restore import NoCheckpoint
-from sparkpoint.agent.runtime import Agent, AgentOptions
-from sparkpoint.agent.sinks import SinkConflict
-from sparkpoint.agent.sources import SourceMissing
+from sparkpoint.agent.runtime import SETUP, Agent, AgentOptions
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.events import JobStatus
 
@@ -36,7 +33,7 @@ def run(spec: str, options: AgentOptions, say: Callable[[str], None] = print) ->
     )
     try:
         status = agent.run()
-    except (NoCheckpoint, RegistrationRefused, Superseded, SinkConflict, SourceMissing) as exc:
+    except (*SETUP, RegistrationRefused, Superseded) as exc:
         raise AgentFailed(str(exc)) from None
     say(f"job {job.id}: {status.name}")
     return status

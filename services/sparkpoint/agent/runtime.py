@@ -73,7 +73,7 @@ from sparkpoint.common.kafka_config import Frozen, client_properties, frozen
 from sparkpoint.common.keygroups import key_group_range
 from sparkpoint.common.redaction import register_secrets
 
-__all__ = ["MAX_ROWS_PER_ROUND", "Agent", "AgentOptions", "Restart"]
+__all__ = ["MAX_ROWS_PER_ROUND", "SETUP", "Agent", "AgentOptions", "Restart"]
 
 log = logging.getLogger(__name__)
 

@@ -207,19 +207,21 @@ def cmd_agent(args: argparse.Namespace) -> int:
 def _findable(spec: str) -> None:
     """A job whose file or module is not there fails before Spark starts, in the words loading
     it would use (`load_job` says what else can be wrong, once it runs)."""
-    if spec == "example":
-        return
-    target = spec.partition(":")[0]
-    if target.endswith(".py") or Path(target).is_file():
-        if not Path(target).is_file():
-            raise OperationFailed(f"cannot load job {spec!r}: job file {target} does not exist")
+    from sparkpoint.agent.job_spec import parse_job_spec
+
+    parsed = parse_job_spec(spec)
+    if parsed.in_file:
+        if not Path(parsed.target).is_file():
+            raise OperationFailed(
+                f"cannot load job {spec!r}: job file {parsed.target} does not exist"
+            )
         return
     try:
-        found = importlib.util.find_spec(target)
+        found = importlib.util.find_spec(parsed.target)
     except (ImportError, ValueError) as exc:  # a parent package missing or failing to import
         raise OperationFailed(f"cannot load job {spec!r}: {exc}") from None
     if found is None:
-        raise OperationFailed(f"cannot load job {spec!r}: No module named {target!r}")
+        raise OperationFailed(f"cannot load job {spec!r}: No module named {parsed.target!r}")
 
 
 def _run_agent(args: argparse.Namespace, bootstrap: str, spark_settings: dict[str, str]) -> int:

@@ -80,13 +80,13 @@ class KafkaSourceReader(EndsEarly):
         time, the highest event times the checkpoint stored (``event_times``)."""
         if self.watermarks is not None:
             self.watermarks.start(event_times or {}, time.monotonic())
-        fresh = [p for p in self.partitions if restored is None or p not in restored]
+        restored = restored or {}
+        fresh = [p for p in self.partitions if p not in restored]
         earliest = partition_offsets(self.admin, fresh, latest=False)
         for partition in self.partitions:
-            if partition in earliest:
-                self.positions[partition] = earliest[partition]
-            else:
-                self.positions[partition] = (restored or {})[partition]
+            self.positions[partition] = (
+                restored[partition] if partition in restored else earliest[partition]
+            )
         if self.source.bounded:
             for partition in self.partitions:
                 if partition not in self.ends:
