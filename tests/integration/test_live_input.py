@@ -417,6 +417,51 @@ def test_without_a_backlog_rounds_start_at_most_once_per_buffer_timeout(
     assert 1 <= rounds <= elapsed / interval_s + 1, (rounds, elapsed)
 
 
+def test_a_backlog_at_the_start_is_reported_and_checkpoints_wait_for_the_backlog_interval(
+    coordinator: Running, spark: Any
+) -> None:
+    """FLIP-309: the records a topic held when the job started are its backlog. The agent tells
+    the coordinator when it starts and stops processing it, and with
+    ``interval-during-backlog: 0`` no periodic checkpoint is triggered meanwhile; once the
+    backlog is read (a producer writing all along), checkpoints come every interval again."""
+    topic, output = new_topic(coordinator.bootstrap), unique("stats")
+    ensure_topic(coordinator.bootstrap, output)
+    generate(coordinator.bootstrap, topic, 24_000)
+    settings = {"execution.checkpointing.interval-during-backlog": "0"}
+    job = build(unique("backlog"), topic, output, max_records=500, bounded=False, settings=settings)
+    producer = LiveProducer(coordinator.bootstrap, topic).start()
+    agent = in_process(job, coordinator, spark)
+    running = threading.Thread(target=agent.run, daemon=True)
+    running.start()
+    backlog: list[tuple[float, bool]] = []  # (ms since the epoch, the coordinator's view)
+    try:
+        wait(lambda: job.id in coordinator.service.jobs, 120, "the job registered")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            owned = coordinator.service.jobs.get(job.id)
+            state = owned is not None and owned.core.backlog
+            if not backlog or backlog[-1][1] != state:
+                backlog.append((time.time() * 1000, state))
+            if len(backlog) >= 3:  # without, with, without again
+                break
+            time.sleep(0.01)
+        time.sleep(4)  # checkpoints every second again
+        with coordinator.client() as client:
+            history = client.get(f"/jobs/{job.id}/checkpoints").json()["history"]
+    finally:
+        producer.stop()
+        agent.stop()
+        running.join(60)
+
+    assert [state for _, state in backlog] == [False, True, False], backlog
+    began, ended = backlog[1][0], backlog[2][0]
+    triggered = sorted(c["trigger_timestamp"] for c in history)
+    assert ended - began > 1_500, "the backlog took more than an interval to read"
+    assert not [t for t in triggered if began + 100 < t < ended - 100], (began, ended, triggered)
+    after = [c for c in history if c["trigger_timestamp"] >= ended and c["status"] == "COMPLETED"]
+    assert len(after) >= 2, history
+
+
 # --- exactly-once through kill points, a producer writing the whole time ----------------------------
 
 

@@ -431,6 +431,21 @@ def test_backlog_switches_to_the_backlog_interval_and_zero_disables() -> None:
     assert len(driver.triggers()) == count + 1
 
 
+def test_backlog_reports_without_a_backlog_interval_move_no_trigger() -> None:
+    """An agent reports backlog whether or not the job sets ``interval-during-backlog``; without
+    it the interval stays, and a report must not push the next trigger back (a short job whose
+    reports came before each trigger finished without a periodic checkpoint)."""
+    driver = coordinator(config(interval_ms=1000))
+    driver.acknowledge_all(triggered(driver))
+    due = driver.trigger_times()[-1] + 1000
+    driver.advance(600)
+    assert driver.coordinator.set_backlog(True, driver.now) == []
+    driver.advance(300)
+    assert driver.coordinator.set_backlog(False, driver.now) == []
+    driver.acknowledge_all(triggered(driver))
+    assert driver.trigger_times()[-1] == due
+
+
 def test_backlog_interval_is_used_while_backlogged() -> None:
     driver = coordinator(config(interval_ms=1000, interval_during_backlog_ms=5000))
     driver.run(driver.coordinator.set_backlog(True, driver.now))

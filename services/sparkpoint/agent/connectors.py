@@ -9,13 +9,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sparkpoint.agent.formats import JsonValues, ValueFormat
+from sparkpoint.agent.sources.backlog import LIVE
 from sparkpoint.agent.time.strategy import WatermarkStrategy
 from sparkpoint.common.options import parse_duration
 
-DEFAULT_MAX_DURATION_PER_TRIGGER = "200ms"
-"""How long a round reads a Kafka partition at most: a record read at once is processed at once,
-and a round over a backlog still takes a useful share of it (about 50,000 records at the
-embedded broker's rate)."""
+DEFAULT_MAX_DURATION_PER_TRIGGER = f"{LIVE.duration_ms}ms"
+"""How long a round reads a Kafka partition at most outside backlog: a record read at once is
+processed at once, and a round over a short backlog still takes a useful share of it."""
 
 
 class DeliveryGuarantee(enum.Enum):
@@ -41,18 +41,23 @@ class KafkaSource:
     ``max_records_per_partition``, ``max_offsets_per_trigger`` (Spark's option: records over all
     partitions, shared by each partition's backlog) and ``max_duration_per_trigger`` (how long a
     round may read; Flink's sources emit records as they arrive, and this keeps a round's records
-    that close to arriving)."""
+    that close to arriving). Left unset, the per-partition bounds are 50,000 records and 200 ms,
+    growing round by round to 250,000 and 1 s while the source processes backlog (the records
+    it held at the start, or a bounded source's input: `sources.backlog`); set, they hold in
+    every phase."""
 
     topics: list[str]
     bounded: bool = False
-    max_records_per_partition: int = 50_000
-    """At most this many records per partition and round."""
+    max_records_per_partition: int | None = None
+    """At most this many records per partition and round (None: 50,000, or up to 250,000 while
+    processing backlog)."""
     value_format: ValueFormat = field(default_factory=JsonValues)
     max_offsets_per_trigger: int | None = None
     """At most this many records per round over every partition (None: no such bound)."""
-    max_duration_per_trigger: str | int = DEFAULT_MAX_DURATION_PER_TRIGGER
+    max_duration_per_trigger: str | int | None = None
     """How long a round may read one partition, from its first fetch (a duration: ``200ms``,
-    ``1s``; a bare number is milliseconds)."""
+    ``1s``; a bare number is milliseconds. None: 200 ms, or up to 1 s while processing
+    backlog)."""
     properties: Mapping[str, str | int] = field(default_factory=dict)
     """librdkafka consumer settings over the agent's Kafka client configuration (as Flink's
     KafkaSource takes consumer properties): another cluster's credentials, fetch sizes. The
@@ -63,21 +68,27 @@ class KafkaSource:
     column, each record's Kafka timestamp is its event time, added as column ``timestamp``."""
 
     def __post_init__(self) -> None:
-        if self.max_records_per_partition < 1:
-            raise ValueError(
-                f"max_records_per_partition must be at least 1, got {self.max_records_per_partition}"
-            )
+        _check_records(self.max_records_per_partition)
         if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger < 1:
             raise ValueError(
                 f"max_offsets_per_trigger must be at least 1, got {self.max_offsets_per_trigger}"
             )
-        if self.max_duration_ms < 1:
+        if self.duration_bound_ms is not None and self.duration_bound_ms < 1:
             raise ValueError(
                 f"max_duration_per_trigger must be positive, got {self.max_duration_per_trigger!r}"
             )
 
     @property
     def max_duration_ms(self) -> int:
+        """How long a round reads a partition outside backlog."""
+        bound = self.duration_bound_ms
+        return LIVE.duration_ms if bound is None else bound
+
+    @property
+    def duration_bound_ms(self) -> int | None:
+        """The job's own bound on a round's reading time (None: left to the phase)."""
+        if self.max_duration_per_trigger is None:
+            return None
         return parse_duration(self.max_duration_per_trigger)
 
     @property
@@ -93,12 +104,15 @@ class FileSource:
 
     path: str
     format: str = "parquet"
-    max_records_per_partition: int = 50_000
+    max_records_per_partition: int | None = None
+    """At most this many rows per file and round (None: 50,000, growing round by round to
+    250,000: a file is backlog)."""
     watermark_strategy: WatermarkStrategy | None = None
     """Event time and watermarks from a column of the files (they have no record timestamps:
     the strategy names its column)."""
 
     def __post_init__(self) -> None:
+        _check_records(self.max_records_per_partition)
         if self.format not in ("parquet", "json"):
             raise ValueError(f"file source format must be parquet or json, got {self.format!r}")
         strategy = self.watermark_strategy
@@ -111,6 +125,11 @@ class FileSource:
     @property
     def bounded(self) -> bool:
         return True
+
+
+def _check_records(records: int | None) -> None:
+    if records is not None and records < 1:
+        raise ValueError(f"max_records_per_partition must be at least 1, got {records}")
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,9 @@ class JobLoop:
         self.cancel = cancel
         self.after_turn = after_turn
         self._collecting: Future[list[str]] | None = None
+        self.backlog_reported = (False, link.membership.owner_epoch)
+        """Whether the coordinator was last told the source processes backlog, and which owner
+        epoch was told (a registration starts the coordinator's record without backlog)."""
 
     def run(self) -> JobStatus:
         """Turns until the job ends; returns how it ended."""
@@ -116,6 +119,7 @@ class JobLoop:
         busy |= self.recover_channels()
         self.checkpointer.snapshot_due(time.monotonic() * 1000)
         busy |= self.start_round()
+        self.report_backlog()
         self.checkpointer.await_copies([*self.stages.in_flight(), *self.parts.restoring.futures])
         self.checkpointer.send_acks()
         self.collect_garbage(self.parts.backend)
@@ -161,6 +165,20 @@ class JobLoop:
             parts.channels, parts.backend, self.emit, parts.source,
             parts.restoring.holds_input(), end_of_input, parts.initial,
         )  # fmt: skip
+
+    def report_backlog(self) -> None:
+        """FLIP-309: tells the coordinator when the source starts or stops processing backlog
+        (it then checkpoints at ``interval-during-backlog``), and tells a coordinator that took
+        the job over meanwhile again (its record of the job starts without backlog)."""
+        source = self.parts.source
+        backlog = source.backlog.processing(source.positions)
+        owner = self.link.membership.owner_epoch
+        told, told_owner = self.backlog_reported
+        if backlog == told and (not backlog or owner == told_owner):
+            return
+        self.backlog_reported = (backlog, owner)
+        log.info("job %s: %s backlog", self.job_id, "processing" if backlog else "done processing")
+        self.link.announce(JobStatus.RUNNING, processing_backlog=backlog)
 
     def recover_channels(self) -> bool:
         """Filter jobs and admission of restored channel state (`recovery.split`)."""

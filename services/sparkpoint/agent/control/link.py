@@ -103,9 +103,11 @@ class ControlLink:
         end_of_input: bool = False,
         failure: BaseException | None = None,
         restart_delay_ms: int | None = None,
+        processing_backlog: bool | None = None,
     ) -> None:
-        """Publishes the job's status (with a failure's exception and trace); a RESTARTING or an
-        end of input re-publishes the registration, the job's latest record (compaction)."""
+        """Publishes the job's status (with a failure's exception and trace, or whether its
+        source processes backlog); a RESTARTING, an end of input or a backlog report
+        re-publishes the registration, the job's latest record (compaction)."""
         exception_name = stacktrace = None
         if failure is not None:
             exception_name, stacktrace, message = described(failure, message)
@@ -113,11 +115,13 @@ class ControlLink:
             self.job_id, self.agent_id, self.membership.attempt, status, self.clock_ms(),
             message=message, end_of_input=end_of_input, exception_name=exception_name,
             stacktrace=stacktrace, restart_delay_ms=restart_delay_ms,
+            processing_backlog=processing_backlog,
         )  # fmt: skip
         try:
             self.publisher.publish_sync(JOBS, self.job_id, event)
             registration = self.membership.registration
-            if (end_of_input or status is JobStatus.RESTARTING) and registration is not None:
+            again = end_of_input or processing_backlog is not None
+            if (again or status is JobStatus.RESTARTING) and registration is not None:
                 self.publisher.publish_sync(JOBS, self.job_id, registration)
         except Exception as exc:
             log.error("job %s: could not publish status %s: %s", self.job_id, status.name, exc)

@@ -287,9 +287,10 @@ class Rounds:
                 p: replace(r, max_records=min(r.max_records, self.read_bounds[p]))
                 for p, r in planned.items()
             }
+        bounds = source.bounds
         max_duration_s = (
-            settings.source.max_duration_ms / 1000
-            if isinstance(settings.source, KafkaSource)
+            bounds.duration_ms / 1000
+            if bounds is not None and isinstance(settings.source, KafkaSource)
             else 0.0
         )
         strategy = settings.source.watermark_strategy

@@ -13,6 +13,7 @@ from fsspec.core import url_to_fs
 
 from sparkpoint.agent.job import FileSource
 from sparkpoint.agent.sources import EndsEarly, Partition, PlannedRead, SourceMissing
+from sparkpoint.agent.sources.backlog import Backlog, RoundBounds
 from sparkpoint.agent.time.watermarks import SourceWatermarks
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,10 @@ class FileSourceReader(EndsEarly):
     ends: dict[Partition, int] = field(default_factory=dict)
     capped: dict[Partition, bool] = field(default_factory=dict)
     """Unused: a file's row count decides (the interface of `KafkaSourceReader`)."""
+    backlog: Backlog = field(default_factory=Backlog)
+    """The rows left to read: a file is backlog (FLIP-309)."""
+    bounds: RoundBounds | None = None
+    """The bounds of the round planned last (`plan`; only its records apply to a file)."""
 
     def __post_init__(self) -> None:
         files = expand(self.source.path)
@@ -67,6 +72,7 @@ class FileSourceReader(EndsEarly):
             self.positions[partition] = (restored or {}).get(partition, 0)
             self.ends[partition] = count_rows(partition[0], self.source.format)
         log.info("file source: %d files, %d rows", len(self.partitions), sum(self.ends.values()))
+        self.backlog.start(self.positions, self.ends)
 
     def owner(self, partition: Partition) -> int:
         return self.partitions.index(partition) % self.parallelism
@@ -76,7 +82,10 @@ class FileSourceReader(EndsEarly):
         return self.ends
 
     def plan(self) -> dict[Partition, PlannedRead]:
-        limit = self.source.max_records_per_partition
+        self.bounds = self.backlog.bounds(
+            self.positions, self.source.max_records_per_partition, None
+        )
+        limit = self.bounds.records
         return {
             p: PlannedRead(None, limit) for p in self.partitions if self.positions[p] < self.ends[p]
         }

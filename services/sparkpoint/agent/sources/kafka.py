@@ -19,6 +19,7 @@ from sparkpoint.agent.sources import (
     SourceMissing,
     share_by_backlog,
 )
+from sparkpoint.agent.sources.backlog import Backlog, RoundBounds
 from sparkpoint.agent.time.watermarks import SourceWatermarks
 from sparkpoint.common.kafka import (
     consumer_config,
@@ -50,6 +51,10 @@ class KafkaSourceReader(EndsEarly):
     """A high watermark found behind a partition's position, and the partition's true end then
     (`true_end_offset`): a broker that counts the last batch's base offset (the embedded one)
     reports the same watermark until another batch arrives, and the end is the same too."""
+    backlog: Backlog = field(default_factory=Backlog)
+    """What the source had to catch up on when it started (FLIP-309)."""
+    bounds: RoundBounds | None = None
+    """The bounds of the round planned last (`plan`)."""
 
     def __post_init__(self) -> None:
         config = consumer_config(
@@ -95,6 +100,19 @@ class KafkaSourceReader(EndsEarly):
                 "bounded source: reading up to %s",
                 {f"{t}[{p}]": e for (t, p), e in self.ends.items()},
             )
+            self.backlog.start(self.positions, self.ends)
+        else:
+            self.backlog.start(self.positions, self._ends_now())
+
+    def _ends_now(self) -> dict[Partition, int]:
+        """Each partition's end now: its high watermark, or its true end where records lie
+        beyond the position (the embedded broker's watermark counts the last batch's base
+        offset: a topic filled in one batch per partition shows 1)."""
+        highs = partition_offsets(self.admin, self.partitions, True, self.read_committed)
+        return {
+            p: self._true_end(p, high) if high > self.positions[p] else high
+            for p, high in highs.items()
+        }
 
     def owner(self, partition: Partition) -> int:
         """The source subtask that reads ``partition`` (round robin over all partitions)."""
@@ -107,8 +125,12 @@ class KafkaSourceReader(EndsEarly):
         The high watermark can only be too low on the embedded broker (it counts the last
         batch's base offset), never too high; the read takes what arrives with the planned end,
         so the rest of that batch is read too. A read that stopped early (`capped`) is read on
-        at once, the watermark unasked."""
-        limit = self.source.max_records_per_partition
+        at once, the watermark unasked. While the source processes backlog, the bounds left
+        at their defaults grow (`Backlog.bounds`)."""
+        self.bounds = self.backlog.bounds(
+            self.positions, self.source.max_records_per_partition, self.source.duration_bound_ms
+        )
+        limit = self.bounds.records
         backlog: dict[Partition, int | None] = {}
         latest = partition_offsets(
             self.admin, [p for p in self.partitions if p not in self.ends], True,

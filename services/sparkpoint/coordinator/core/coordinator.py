@@ -432,8 +432,8 @@ class CheckpointCoordinator:
         old = self.config.current_interval_ms(self.backlog)
         self.backlog = backlog
         commands: list[Command] = []
-        if self.running:
-            new = self.config.current_interval_ms(backlog)
+        new = self.config.current_interval_ms(backlog)
+        if self.running and new != old:  # no interval during backlog set: nothing moves
             moved = self.schedules.move_checkpoints(old, new, now_ms, self.config.min_pause_ms)
             self._moved(moved, now_ms, commands)
         return commands

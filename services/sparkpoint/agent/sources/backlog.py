@@ -1,0 +1,79 @@
+"""Whether a source is processing backlog (Flink's FLIP-309 ``isProcessingBacklog``), and how
+much a round reads meanwhile.
+
+The records a partition already held when the source started (a fresh start, a restart or a
+rescale from a checkpoint: what it must catch up on) are its backlog, and a bounded source's
+whole input is. The source processes backlog until every partition has been read that far; then
+it does not, and never again in that attempt: Flink's sources that report backlog (a hybrid
+source's bounded part, a CDC source's snapshot) switch the same way, once.
+
+While a source processes backlog, the job reports it to the coordinator, which checkpoints at
+``execution.checkpointing.interval-during-backlog`` instead of the interval (when that is set),
+and rounds read more: records read then are already late, so throughput counts more than
+latency. A round's bounds left at their defaults grow from the live ones (`LIVE`) by doubling
+each round to the backlog's (`CATCHING_UP`): the first round is as quick as ever, and a long
+backlog is read in rounds of five times as many records, each with a round's fixed cost
+(scheduling, a pass over the state it touches). Bounds a job sets are kept in every phase."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sparkpoint.agent.sources import Partition
+
+
+@dataclass(frozen=True)
+class RoundBounds:
+    """How much a round reads of one partition at most."""
+
+    records: int
+    duration_ms: int
+
+
+LIVE = RoundBounds(50_000, 200)
+"""A round's default bounds outside backlog: a record read at once is processed at once, and a
+round over a short backlog still takes a useful share of it."""
+
+CATCHING_UP = RoundBounds(250_000, 1_000)
+"""A round's default bounds while the source processes backlog (measured on the peers workload:
+rounds of about 460,000 records instead of 90,000 cut the Python workers' CPU by a quarter)."""
+
+
+@dataclass
+class Backlog:
+    """One source's backlog: the offset each partition's backlog ends at."""
+
+    until: dict[Partition, int] = field(default_factory=dict)
+    rounds: int = 0
+    """Rounds planned while processing backlog (how far the bounds have grown)."""
+
+    def start(self, positions: dict[Partition, int], ends: dict[Partition, int]) -> None:
+        """A start from ``positions``: the partitions whose ``ends`` (their end offsets now, or a
+        bounded source's end) lie beyond them are behind."""
+        self.until = {p: end for p, end in ends.items() if end > positions.get(p, end)}
+        self.rounds = 0
+
+    def processing(self, positions: dict[Partition, int]) -> bool:
+        """Whether the backlog is still being read (once read, it is over for good)."""
+        if self.until and all(positions.get(p, 0) >= end for p, end in self.until.items()):
+            self.until = {}
+        return bool(self.until)
+
+    def bounds(
+        self, positions: dict[Partition, int], records: int | None, duration_ms: int | None
+    ) -> RoundBounds:
+        """The next round's bounds: a job's own (``records``, ``duration_ms``: None when left at
+        the default) in every phase; the defaults, growing from `LIVE` to `CATCHING_UP` while
+        the backlog is read."""
+        growth = 1
+        if self.processing(positions):
+            growth = 2 ** min(self.rounds, 8)
+            self.rounds += 1
+        return RoundBounds(
+            min(CATCHING_UP.records, LIVE.records * growth) if records is None else records,
+            (
+                min(CATCHING_UP.duration_ms, LIVE.duration_ms * growth)
+                if duration_ms is None
+                else duration_ms
+            ),
+        )
