@@ -38,10 +38,12 @@ def test_a_start_at_the_end_has_no_backlog() -> None:
 
 
 def test_default_bounds_double_each_round_of_backlog_up_to_the_catching_up_ones() -> None:
+    """From the third round: the second processes what the first read (the first output)."""
     backlog = Backlog()
     backlog.start({A: 0}, {A: 10_000_000})
-    grown = [backlog.bounds({A: 0}, None, None) for _ in range(5)]
+    grown = [backlog.bounds({A: 0}, None, None) for _ in range(6)]
     assert grown == [
+        LIVE,
         LIVE,
         RoundBounds(100_000, 400),
         RoundBounds(200_000, 800),

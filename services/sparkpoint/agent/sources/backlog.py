@@ -11,9 +11,10 @@ While a source processes backlog, the job reports it to the coordinator, which c
 ``execution.checkpointing.interval-during-backlog`` instead of the interval (when that is set),
 and rounds read more: records read then are already late, so throughput counts more than
 latency. A round's bounds left at their defaults grow from the live ones (`LIVE`) by doubling
-each round to the backlog's (`CATCHING_UP`): the first round is as quick as ever, and a long
-backlog is read in rounds of five times as many records, each with a round's fixed cost
-(scheduling, a pass over the state it touches). Bounds a job sets are kept in every phase."""
+each round to the backlog's (`CATCHING_UP`), from the third round on: what the first round
+reads, the second processes, so the first output comes as soon as ever; and a long backlog is
+read in rounds of five times as many records, each with a round's fixed cost (scheduling, a
+pass over the state it touches). Bounds a job sets are kept in every phase."""
 
 from __future__ import annotations
 
@@ -66,8 +67,8 @@ class Backlog:
         the default) in every phase; the defaults, growing from `LIVE` to `CATCHING_UP` while
         the backlog is read."""
         growth = 1
-        if self.processing(positions):
-            growth = 2 ** min(self.rounds, 8)
+        if self.processing(positions):  # the first two rounds as live: they make the first output
+            growth = 2 ** min(max(0, self.rounds - 1), 8)
             self.rounds += 1
         return RoundBounds(
             min(CATCHING_UP.records, LIVE.records * growth) if records is None else records,
