@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 
 from sparkpoint.agent.job import FileSource, KafkaSource
-from sparkpoint.agent.sources.backlog import CATCHING_UP, LIVE, Backlog, RoundBounds
+from sparkpoint.agent.sources.backlog import (
+    CATCHING_UP,
+    LIVE,
+    Backlog,
+    BacklogReports,
+    RoundBounds,
+)
 
 A, B = ("t", 0), ("t", 1)
 
@@ -71,3 +77,14 @@ def test_sources_leave_their_bounds_to_the_phase_unless_set() -> None:
         KafkaSource(["t"], max_records_per_partition=0)
     with pytest.raises(ValueError, match="max_records_per_partition"):
         FileSource("/tmp/x.parquet", max_records_per_partition=0)
+
+
+def test_the_coordinator_is_told_each_change_and_a_new_owner_the_backlog_again() -> None:
+    reports = BacklogReports(owner_epoch=3)  # registered: the coordinator knows of no backlog
+    assert not reports.news(False, 3)
+    assert reports.news(True, 3)
+    assert not reports.news(True, 3)
+    assert reports.news(True, 4)  # another coordinator took the job over: it starts without
+    assert not reports.news(True, 4)
+    assert reports.news(False, 4)
+    assert not reports.news(False, 5)  # a takeover after the backlog: nothing to tell

@@ -28,6 +28,7 @@ from sparkpoint.agent.recovery.filter_jobs import FilterJobs
 from sparkpoint.agent.rounds.channels import SegmentFiles
 from sparkpoint.agent.rounds.rounds import Rounds
 from sparkpoint.agent.sinks import EpochCommitter, SinkWriter
+from sparkpoint.agent.sources.backlog import BacklogReports
 from sparkpoint.agent.state.books import StateBackend
 from sparkpoint.common.events import (
     CancelJob,
@@ -95,9 +96,8 @@ class JobLoop:
         self.cancel = cancel
         self.after_turn = after_turn
         self._collecting: Future[list[str]] | None = None
-        self.backlog_reported = (False, link.membership.owner_epoch)
-        """Whether the coordinator was last told the source processes backlog, and which owner
-        epoch was told (a registration starts the coordinator's record without backlog)."""
+        self.backlog_reports = BacklogReports(owner_epoch=link.membership.owner_epoch)
+        """What the coordinator was told of the backlog (this attempt registered without)."""
 
     def run(self) -> JobStatus:
         """Turns until the job ends; returns how it ended."""
@@ -172,11 +172,8 @@ class JobLoop:
         the job over meanwhile again (its record of the job starts without backlog)."""
         source = self.parts.source
         backlog = source.backlog.processing(source.positions)
-        owner = self.link.membership.owner_epoch
-        told, told_owner = self.backlog_reported
-        if backlog == told and (not backlog or owner == told_owner):
+        if not self.backlog_reports.news(backlog, self.link.membership.owner_epoch):
             return
-        self.backlog_reported = (backlog, owner)
         log.info("job %s: %s backlog", self.job_id, "processing" if backlog else "done processing")
         self.link.announce(JobStatus.RUNNING, processing_backlog=backlog)
 

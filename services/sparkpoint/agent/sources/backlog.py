@@ -78,3 +78,21 @@ class Backlog:
                 else duration_ms
             ),
         )
+
+
+@dataclass
+class BacklogReports:
+    """What the coordinator was last told of the job's backlog, and which owner of the job was
+    told: a registration starts the coordinator's record of the job without backlog, and so
+    does a coordinator that takes the job over (its owner epoch is higher)."""
+
+    told: bool = False
+    owner_epoch: int = 0
+
+    def news(self, backlog: bool, owner_epoch: int) -> bool:
+        """Whether ``backlog`` is news to the job's owner at ``owner_epoch`` (then it counts as
+        told)."""
+        if backlog == self.told and (not backlog or owner_epoch == self.owner_epoch):
+            return False
+        self.told, self.owner_epoch = backlog, owner_epoch
+        return True
