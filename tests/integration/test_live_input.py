@@ -428,7 +428,8 @@ def test_a_backlog_at_the_start_is_reported_and_checkpoints_wait_for_the_backlog
     ensure_topic(coordinator.bootstrap, output)
     generate(coordinator.bootstrap, topic, 24_000)
     settings = {"execution.checkpointing.interval-during-backlog": "0"}
-    job = build(unique("backlog"), topic, output, max_records=500, bounded=False, settings=settings)
+    # 24 rounds of 250 records per partition: longer than an interval on a fast machine too
+    job = build(unique("backlog"), topic, output, max_records=250, bounded=False, settings=settings)
     producer = LiveProducer(coordinator.bootstrap, topic).start()
     agent = in_process(job, coordinator, spark)
     running = threading.Thread(target=agent.run, daemon=True)
