@@ -429,7 +429,11 @@ def test_a_failover_request_restarts_the_job_from_its_latest_checkpoint(
     coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
 ) -> None:
     output = unique("stats")
-    job = build(unique("failover"), payments_topic, output, max_records=150)
+    # a checkpoint every 200 ms: with checkpoints every second the job's ten rounds could end
+    # before the first one (its first trigger comes up to an interval after the start, and a
+    # warm session's rounds take about 100 ms): it then finished without a failover
+    settings = {"execution.checkpointing.interval": "200ms"}
+    job = build(unique("failover"), payments_topic, output, max_records=150, settings=settings)
     agent = in_process(job, coordinator, spark)
     publisher = EventPublisher(make_producer(coordinator.bootstrap), EventCodec())
     sent: list[int] = []
