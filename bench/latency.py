@@ -67,7 +67,11 @@ throughout), during the pre-filled run only the broker's reads do. The pre-fille
 the CPU of the agent's processes from RUNNING to its end; the live run at the highest rate kept
 up has its ``cpu_cores_during_feed``. Their CPU seconds per million records give the ratio the
 job would reach with cores of its own (throughput = cores / CPU per record for both):
-``cpu_model`` in each workload's ``sustained`` entry.
+``cpu_model`` in each workload's ``sustained`` entry. Beside it, the bound this machine puts on
+the sustained rate: the job's cores at the lowest rate not kept up (the machine full), divided
+by its pre-filled CPU per record (``rate_those_cores_carry_at_prefilled_cpu``, and over the
+pre-filled throughput: ``that_over_prefilled``); below 0.8, no job as efficient live as
+pre-filled could meet the goal here.
 
 Goals (printed and recorded, met or not): exactly-once with 1 s checkpoints p99 <= 2,500 ms at
 10,000 records/s; at-least-once p50 <= 500 ms and p99 <= 1,500 ms at 10,000 records/s; highest
@@ -757,13 +761,17 @@ def cpu_model(
     live runs, and not (the feed, the reader) during the pre-filled one. The job's CPU seconds
     per million records, live at the highest rate kept up and pre-filled; with equal cores,
     throughput is cores / CPU per record, so their ratio is the live-over-pre-filled ratio the
-    job would reach. Also how busy the machine was at the lowest rate not kept up."""
+    job would reach. Also how busy the machine was at the lowest rate not kept up, and what
+    the job's share of the cores then would carry at its pre-filled CPU per record (a bound on
+    the sustained rate on this machine, however efficient the job is live)."""
     run = tried.get(highest)
     if not highest or run is None or not run.get("cpu_cores_during_feed"):
         return None
     live = run["cpu_cores_during_feed"]["system"] / run["input_rate"] * 1e6
     prefilled_cpu = base["cpu_while_running"]["system_cpu_s_per_million"]
     above = sorted(r for r, t in tried.items() if r > highest and t.get("cpu_cores_during_feed"))
+    share = (tried[above[0]] if above else run)["cpu_cores_during_feed"]["system"]
+    carried = share / prefilled_cpu * 1e6
     return {
         "live_cpu_s_per_million": round(live, 1),
         "live_system_cores": run["cpu_cores_during_feed"]["system"],
@@ -771,6 +779,9 @@ def cpu_model(
         "prefilled_over_live_cpu_per_record": round(prefilled_cpu / live, 2),
         "first_rate_not_kept_up": above[0] if above else None,
         "its_cores": tried[above[0]]["cpu_cores_during_feed"] if above else None,
+        "job_cores_when_full": share,
+        "rate_those_cores_carry_at_prefilled_cpu": round(carried),
+        "that_over_prefilled": round(carried / base["records_per_second"], 2),
     }
 
 
@@ -1045,6 +1056,11 @@ def main() -> None:
                 f"pre-filled {model['prefilled_cpu_s_per_million']} s: with cores of its own the "
                 f"job would sustain {model['prefilled_over_live_cpu_per_record']}x its pre-filled "
                 f"throughput; cores at {model['first_rate_not_kept_up']}/s: {model['its_cores']}"
+            )
+            print(
+                f"  the job's {model['job_cores_when_full']} cores with the machine full carry "
+                f"{model['rate_those_cores_carry_at_prefilled_cpu']:,}/s at its pre-filled CPU "
+                f"per record: {model['that_over_prefilled']}x the pre-filled throughput at most"
             )
     reached = goals(runs, sustained_by)
     for key, goal in reached.items():
