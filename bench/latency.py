@@ -770,7 +770,8 @@ def cpu_model(
     live = run["cpu_cores_during_feed"]["system"] / run["input_rate"] * 1e6
     prefilled_cpu = base["cpu_while_running"]["system_cpu_s_per_million"]
     above = sorted(r for r, t in tried.items() if r > highest and t.get("cpu_cores_during_feed"))
-    share = (tried[above[0]] if above else run)["cpu_cores_during_feed"]["system"]
+    full = tried[above[0]]["cpu_cores_during_feed"] if above else None
+    share = (full or run["cpu_cores_during_feed"])["system"]
     carried = share / prefilled_cpu * 1e6
     return {
         "live_cpu_s_per_million": round(live, 1),
@@ -778,7 +779,7 @@ def cpu_model(
         "prefilled_cpu_s_per_million": prefilled_cpu,
         "prefilled_over_live_cpu_per_record": round(prefilled_cpu / live, 2),
         "first_rate_not_kept_up": above[0] if above else None,
-        "its_cores": tried[above[0]]["cpu_cores_during_feed"] if above else None,
+        "its_cores": full,
         "job_cores_when_full": share,
         "rate_those_cores_carry_at_prefilled_cpu": round(carried),
         "that_over_prefilled": round(carried / base["records_per_second"], 2),
