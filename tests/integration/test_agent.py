@@ -220,13 +220,23 @@ def killed(process: subprocess.CompletedProcess[str]) -> bool:
 # --- clean runs ------------------------------------------------------------------------------------
 
 
+RESIDENT = pytest.mark.parametrize(
+    "resident", [None, True], ids=["a Spark job per round", "resident tasks"]
+)
+"""The shared session runs a Spark job per round unless told otherwise (it is shared); an agent
+that starts its own session on a local master uses resident tasks (`spark.resident`)."""
+
+
+@RESIDENT
 def test_a_bounded_job_commits_exactly_the_reference_and_finishes(
-    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
-) -> None:
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output],
+    resident: bool | None,
+) -> None:  # fmt: skip
     output = unique("stats")
     job = build(unique("clean"), payments_topic, output)
 
-    status, agent = run_in_process(job, coordinator, spark)
+    status, agent = run_in_process(job, coordinator, spark, resident_tasks=resident)
+    assert agent.spark_jobs.resident is bool(resident)
 
     assert status is JobStatus.FINISHED
     got = read_output(coordinator.bootstrap, output)
@@ -282,17 +292,18 @@ def test_records_travel_in_segment_files_and_backpressure_holds_the_source(
     assert not segment_dir.exists() or not any(segment_dir.rglob("*.arrow")), "consumed, deleted"
 
 
+@RESIDENT
 def test_records_never_pass_through_the_driver(
-    coordinator: Running, spark: Any, kafka: KafkaUnderTest
+    coordinator: Running, spark: Any, kafka: KafkaUnderTest, resident: bool | None
 ) -> None:
     """What the driver sends to Spark tasks and gets back is metadata: at most 1 byte per 100
     bytes of input (task results as Spark's own resultSize metric counts them, tasks as
-    pickled)."""
+    pickled; resident tasks: the frames each way)."""
     topic = unique("payments-big")
     assert generate(kafka.bootstrap, topic, 60_000) == 60_000  # Spark adds ~1.5 KB per task
     job = build(unique("driver"), topic, unique("stats"), max_records=50_000)
 
-    status, agent = run_in_process(job, coordinator, spark)
+    status, agent = run_in_process(job, coordinator, spark, resident_tasks=resident)
 
     assert status is JobStatus.FINISHED and agent.input_bytes > 4_000_000
     assert agent.traffic.stages >= 2 and agent.traffic.from_tasks > 0  # Spark's figures arrived
@@ -425,16 +436,20 @@ def test_restores_with_parallelism_2_then_4_then_1_commit_exactly_the_reference(
     assert registrations and registrations[0].registration.parallelism == 1
 
 
+@RESIDENT
 def test_a_failover_request_restarts_the_job_from_its_latest_checkpoint(
-    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output]
-) -> None:
+    coordinator: Running, spark: Any, payments_topic: str, expected: list[Output],
+    resident: bool | None,
+) -> None:  # fmt: skip
     output = unique("stats")
     # a checkpoint every 200 ms: with checkpoints every second the job's ten rounds could end
     # before the first one (its first trigger comes up to an interval after the start, and a
-    # warm session's rounds take about 100 ms): it then finished without a failover
+    # warm session's rounds take about 100 ms): it then finished without a failover. Resident
+    # tasks' rounds take a few tens of ms: thirty of them
     settings = {"execution.checkpointing.interval": "200ms"}
-    job = build(unique("failover"), payments_topic, output, max_records=150, settings=settings)
-    agent = in_process(job, coordinator, spark)
+    max_records = 50 if resident else 150
+    job = build(unique("failover"), payments_topic, output, max_records, settings=settings)
+    agent = in_process(job, coordinator, spark, resident_tasks=resident)
     publisher = EventPublisher(make_producer(coordinator.bootstrap), EventCodec())
     sent: list[int] = []
 

@@ -44,6 +44,10 @@ class AgentOptions:
     discarded at its end, instead of refusing to."""
     claim_mode: str | None = None
     """``execution.state-recovery.claim-mode`` over the job's (CLAIM or NO_CLAIM)."""
+    resident_tasks: bool | None = None
+    """Run the job's tasks in resident Spark tasks on a local master (`spark.resident`); None:
+    when the agent starts the session itself, unless ``spark.sparkpoint.residentTasks`` is
+    false; a session handed in keeps a Spark job per round unless this is True."""
 
 
 @dataclass(frozen=True)

@@ -119,8 +119,9 @@ class Agent:
         self.status: JobStatus = JobStatus.CREATED
         self._connect(codec)
         self.spark_jobs = SparkJobs(
-            f"sparkpoint {self.job_id}", options.master, options.spark_settings, spark
-        )
+            f"sparkpoint {self.job_id}", options.master, options.spark_settings, spark,
+            options.resident_tasks,
+        )  # fmt: skip
         self.stages = Rounds(self._round_settings(), self.spark_jobs, self.progress)
         self.filter_jobs = FilterJobs(self.spark_jobs, self.job_id)
         self.copier = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="snapshot-copy")
@@ -367,6 +368,7 @@ class Agent:
             self.current.close_source()
         remove_tree(self.channel_dir)
         shutil.rmtree(self.places.work_dir, ignore_errors=True)
+        self.spark_jobs.close()
         self.spark_jobs.report_traffic(self.job_id, self.input_bytes)
 
     def _reset(self) -> None:

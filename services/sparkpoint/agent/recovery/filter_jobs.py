@@ -131,6 +131,14 @@ class FilterJobs:
                 after.wait_scheduled(sc, FILTER_ORDER_WAIT_S)
             if this.cancelled.is_set():  # the attempt ended while this job waited its turn
                 raise CancelledError("the split of restored channel state was cancelled")
+            if self.jobs.resident:  # queued in order: `built` once its tasks wait (no group)
+                try:
+                    return self.jobs.run(
+                        RECOVERY_POOL, "filter restored channel state", tasks, filter_restored,
+                        queued=this.built.set,
+                    )  # fmt: skip
+                finally:
+                    this.ended.set()
             sc.setLocalProperty("spark.scheduler.pool", RECOVERY_POOL)  # shares cores with rounds
             this.group = self.jobs.traffic.start_job(
                 sc, f"{self.job_id} filter restored channel state", tasks

@@ -1,7 +1,12 @@
 """The agent's Spark jobs: one session, started on first use (or handed in: tests and benchmarks
 share theirs), and every job the agent runs on it, each tagged in a job group of its own (what
 the driver ships to tasks and gets back is counted: `traffic`) and in one of the scheduler pools
-of spark_pools.xml: `ROUNDS_POOL`, `RECOVERY_POOL`, `SINK_POOL`, `SNAPSHOT_POOL`."""
+of spark_pools.xml: `ROUNDS_POOL`, `RECOVERY_POOL`, `SINK_POOL`, `SNAPSHOT_POOL`.
+
+On a local master of a session the agent started itself, the same work runs in resident tasks
+instead (`resident`): long-running Spark tasks, one per slot, that take the agent's tasks as
+they come, with the pools' order kept. A session handed in is shared (other jobs need its
+slots), so it keeps a Spark job per call unless the caller asks for resident tasks."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from sparkpoint.agent.spark.preload import preload
+from sparkpoint.agent.spark.resident import SETTING, ResidentWorkers, local_slots
 from sparkpoint.agent.spark.traffic import DriverTraffic
 from sparkpoint.agent.spark.worker_gc import in_task
 
@@ -41,6 +47,7 @@ class SparkJobs:
         master: str,
         settings: Mapping[str, str],
         spark: Any = None,
+        resident: bool | None = None,
     ) -> None:
         self.app_name = app_name
         self.master = master
@@ -52,6 +59,14 @@ class SparkJobs:
         self.traffic = DriverTraffic()
         self.stage_seconds: dict[str, float] = {"rounds": 0.0}
         """Wall time inside the rounds' Spark jobs."""
+        if resident is None:
+            resident = spark is None and self.settings.get(SETTING, "true").lower() != "false"
+        self._resident_wanted = resident
+        """Resident tasks on a local master (`resident`): by default when this agent starts
+        the session, unless ``spark.sparkpoint.residentTasks`` is false."""
+        self._resident: ResidentWorkers | None = None
+        self._resident_lock = threading.Lock()
+        self._local_slots: tuple[int | None] | None = None
 
     @property
     def started(self) -> bool:
@@ -116,7 +131,44 @@ class SparkJobs:
             with contextlib.suppress(BaseException):
                 self._warming.result()
 
+    @property
+    def resident(self) -> bool:
+        """Whether the work runs in resident tasks (wanted, and the master is a local one)."""
+        return self._resident_wanted and self._slots() is not None
+
+    def _slots(self) -> int | None:
+        """The local master's task slots (None: not a local master), looked up once: asking
+        the JVM takes milliseconds."""
+        if self._local_slots is None:
+            sc = self.context
+            cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+            self._local_slots = (local_slots(str(sc.master), cpus),)
+        return self._local_slots[0]
+
+    def _workers(self) -> ResidentWorkers:
+        """The resident workers, started when there are none or the last ones are gone (a
+        worker died, a failed attempt's work was cancelled)."""
+        with self._resident_lock:
+            workers = self._resident
+            if workers is None or workers.broken is not None:
+                slots = self._slots()
+                assert slots is not None
+                workers = ResidentWorkers(self.context, slots, self.traffic.add_call)
+                workers.start()
+                self._resident = workers
+            return workers
+
+    def close(self) -> None:
+        """Lets the resident workers go (their slots free for other jobs of a shared session)."""
+        with self._resident_lock:
+            workers, self._resident = self._resident, None
+        if workers is not None:
+            workers.close()
+
     def _warm(self, parallelism: int) -> None:
+        if self.resident:  # the resident tasks import what tasks need before they connect
+            self._workers()
+            return
         sc = self.context
         sc.setJobDescription("warm-up")
         tasks = max(parallelism, self.cores())
@@ -129,20 +181,30 @@ class SparkJobs:
         tasks: list[T],
         work: Callable[[T], R],
         timed: str | None = None,
+        queued: Callable[[], None] | None = None,
     ) -> list[R]:
         """Runs ``work`` over ``tasks`` as one Spark job (a task each) in the scheduler pool
-        ``pool``; ``timed``: the `stage_seconds` entry its wall time adds to."""
-        sc = self.context
-        sc.setLocalProperty("spark.scheduler.pool", pool)
-        self.traffic.start_job(sc, description, tasks)
+        ``pool``, or as tasks of the resident workers; ``timed``: the `stage_seconds` entry its
+        wall time adds to; ``queued``: called once the tasks wait for slots (resident tasks)."""
         started = time.monotonic()
-        results: list[R] = sc.parallelize(tasks, len(tasks)).map(partial(in_task, work)).collect()
+        if self.resident:
+            results: list[R] = self._workers().run(pool, tasks, work, queued)
+        else:
+            sc = self.context
+            sc.setLocalProperty("spark.scheduler.pool", pool)
+            self.traffic.start_job(sc, description, tasks)
+            results = sc.parallelize(tasks, len(tasks)).map(partial(in_task, work)).collect()
         if timed is not None:
             self.stage_seconds[timed] += time.monotonic() - started
         return results
 
     def cancel_open(self) -> None:
-        """Cancels the jobs still running (a failed attempt's rounds, a split being redone)."""
+        """Cancels the jobs still running (a failed attempt's rounds, a split being redone); the
+        resident workers' job too when a task still runs or waits (the next call starts new
+        ones)."""
+        workers = self._resident
+        if workers is not None and workers.busy:
+            workers.cancel("a failed attempt's tasks were cancelled")
         if self._session is not None:
             with contextlib.suppress(Exception):
                 self.traffic.cancel_open(self._session.sparkContext)

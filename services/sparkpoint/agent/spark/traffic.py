@@ -45,6 +45,13 @@ class DriverTraffic:
             self.settle(sc)
         return group
 
+    def add_call(self, to_tasks: int, from_tasks: int) -> None:
+        """Counts a call of the resident workers (`resident`): its bytes each way, as one stage."""
+        with self._lock:
+            self.to_tasks += to_tasks
+            self.from_tasks += from_tasks
+            self.stages += 1
+
     def cancel_open(self, sc: Any) -> None:
         """Cancels the Spark jobs of every group not yet settled (finished ones ignore it): a
         failed attempt's rounds in flight, whose records are read again after the restore."""
