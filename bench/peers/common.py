@@ -51,6 +51,10 @@ def arguments(description: str) -> argparse.Namespace:
     parser.add_argument("--records", type=int, required=True, help="records in the input topic")
     parser.add_argument("--work-dir", required=True, help="state, recovery or checkpoint dir")
     parser.add_argument("--name", required=True, help="job name / consumer group, unique per run")
+    parser.add_argument(
+        "--spark-jobs", action="store_true",
+        help="sparkpoint: a Spark job per round, as on a cluster (no resident tasks)",
+    )  # fmt: skip
     return parser.parse_args()
 
 

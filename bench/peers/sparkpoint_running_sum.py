@@ -5,7 +5,9 @@ to the output topic.
 The job: a bounded Kafka source, key ``user``, a keyed function with one int64 value state,
 vectorized over each key group's batch as the example job's PaymentStats is, an exactly-once
 Kafka sink, parallelism 2 on Spark ``local[2]``, unaligned checkpoints every 1 s with no minimum
-pause (an aligned one waits for the round in flight, about half a round on a backlog).
+pause (an aligned one waits for the round in flight, about half a round on a backlog). The agent
+starts its own session, so its work runs in resident tasks (docs/jobs.md); ``--spark-jobs``
+runs a Spark job per round instead, as a cluster does.
 The agent runs in this process as ``sparkpoint agent`` runs it; its ``start_seconds`` (Spark
 start and warm-up, source positions, registration) is reported so the benchmark can leave it
 out, and the moment the first round that processed records ended (``first_processed``, watched
@@ -77,7 +79,10 @@ def run(args: argparse.Namespace) -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
     clock = Clock()
     job = running_sum_job(args.name, args.input, args.output)
-    options = AgentOptions(args.bootstrap, master="local[2]", checkpoint_dir=args.work_dir)
+    options = AgentOptions(
+        args.bootstrap, master="local[2]", checkpoint_dir=args.work_dir,
+        resident_tasks=False if args.spark_jobs else None,
+    )  # fmt: skip
     agent = Agent(job, options, EventCodec())
     started = time.monotonic()
     first_processed: list[float] = []
