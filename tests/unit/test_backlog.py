@@ -9,6 +9,7 @@ import pytest
 from sparkpoint.agent.job import FileSource, KafkaSource
 from sparkpoint.agent.sources.backlog import (
     CATCHING_UP,
+    FIRST,
     LIVE,
     Backlog,
     BacklogReports,
@@ -43,14 +44,14 @@ def test_a_start_at_the_end_has_no_backlog() -> None:
     assert backlog.bounds({A: 0, B: 7}, None, None) == LIVE
 
 
-def test_default_bounds_double_each_round_of_backlog_up_to_the_catching_up_ones() -> None:
-    """From the third round: the second processes what the first read (the first output)."""
+def test_default_bounds_start_short_then_double_each_round_of_backlog_up_to_catching_up() -> None:
+    """Two short rounds first: the second processes what the first read (the first output)."""
     backlog = Backlog()
     backlog.start({A: 0}, {A: 10_000_000})
     grown = [backlog.bounds({A: 0}, None, None) for _ in range(6)]
     assert grown == [
-        LIVE,
-        LIVE,
+        FIRST,
+        FIRST,
         RoundBounds(100_000, 400),
         RoundBounds(200_000, 800),
         CATCHING_UP,
