@@ -10,11 +10,11 @@ source's bounded part, a CDC source's snapshot) switch the same way, once.
 While a source processes backlog, the job reports it to the coordinator, which checkpoints at
 ``execution.checkpointing.interval-during-backlog`` instead of the interval (when that is set),
 and rounds read more: records read then are already late, so throughput counts more than
-latency. A round's bounds left at their defaults start short (`FIRST`: what the first round reads, the
-second processes, so the first output comes soon after the start), then grow from twice the
-live ones (`LIVE`) by doubling each round to the backlog's (`CATCHING_UP`): a long backlog is
-read in rounds of five times as many records, each with a round's fixed cost (scheduling, a
-pass over the state it touches). Bounds a job sets are kept in every phase."""
+latency. A round's bounds left at their defaults start short (`FIRST`: what the first round
+reads, the second processes, so the first output comes soon after the start), then grow from
+twice the live ones (`LIVE`) by doubling each round to the backlog's (`CATCHING_UP`): a long
+backlog is read in rounds of five times as many records, each with a round's fixed cost
+(scheduling, a pass over the state it touches). Bounds a job sets are kept in every phase."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ class RoundBounds:
 FIRST = RoundBounds(5_000, 200)
 """The default bounds of a backlog's first two rounds: the first reads a few thousand records a
 partition and the second processes them, so the first output follows the start by two short
-rounds (measured on the peers workload with resident tasks: the first round processed 0.3 s
-after registration, against 0.8 s with `LIVE` bounds)."""
+rounds (bench/peers.py with resident tasks: the first round processed 0.51-0.61 s after the
+job's registration, against 0.80-1.41 s with `LIVE` bounds)."""
 
 LIVE = RoundBounds(50_000, 200)
 """A round's default bounds outside backlog: a record read at once is processed at once, and a
