@@ -53,6 +53,7 @@ from sparkpoint.agent.sinks.kafka import (
     queue_frame,
     sink_producer,
 )
+from sparkpoint.common.sockets import receive_exactly
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +107,9 @@ class ForkServer:
 
 
 def _receive(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise EOFError("the sink's fork server ended")
-        data += chunk
+    data = receive_exactly(sock, size)
+    if len(data) < size:
+        raise EOFError("the sink's fork server ended")
     return data
 
 

@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from sparkpoint.common.sockets import receive_exactly
+
 log = logging.getLogger(__name__)
 
 RESIDENT_POOL = "resident"
@@ -106,25 +108,14 @@ def send(sock: socket.socket, payload: bytes) -> None:
 
 def receive(sock: socket.socket) -> bytes | None:
     """The next frame, or None when the other end closed between frames."""
-    header = _exactly(sock, _LENGTH.size)
-    if header is None:
+    header = receive_exactly(sock, _LENGTH.size)
+    if not header:
         return None
-    body = _exactly(sock, _LENGTH.unpack(header)[0])
-    if body is None:
+    size = _LENGTH.unpack(header)[0] if len(header) == _LENGTH.size else -1
+    body = receive_exactly(sock, size) if size >= 0 else b""
+    if len(body) != size:
         raise EOFError("the other end closed in the middle of a frame")
     return body
-
-
-def _exactly(sock: socket.socket, size: int) -> bytes | None:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(min(size - len(data), 1 << 20))
-        if not chunk:
-            if data:
-                raise EOFError("the other end closed in the middle of a frame")
-            return None
-        data += chunk
-    return bytes(data)
 
 
 class KeptWorks:
