@@ -11,6 +11,7 @@ slots), so it keeps a Spark job per call unless the caller asks for resident tas
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -66,7 +67,6 @@ class SparkJobs:
         the session, unless ``spark.sparkpoint.residentTasks`` is false."""
         self._resident: ResidentWorkers | None = None
         self._resident_lock = threading.Lock()
-        self._local_slots: tuple[int | None] | None = None
 
     @property
     def started(self) -> bool:
@@ -134,16 +134,14 @@ class SparkJobs:
     @property
     def resident(self) -> bool:
         """Whether the work runs in resident tasks (wanted, and the master is a local one)."""
-        return self._resident_wanted and self._slots() is not None
+        return self._resident_wanted and self._slots is not None
 
+    @functools.cached_property
     def _slots(self) -> int | None:
         """The local master's task slots (None: not a local master), looked up once: asking
         the JVM takes milliseconds."""
-        if self._local_slots is None:
-            sc = self.context
-            cpus = int(sc.getConf().get("spark.task.cpus", "1"))
-            self._local_slots = (local_slots(str(sc.master), cpus),)
-        return self._local_slots[0]
+        sc = self.context
+        return local_slots(str(sc.master), int(sc.getConf().get("spark.task.cpus", "1")))
 
     def _workers(self) -> ResidentWorkers:
         """The resident workers, started when there are none or the last ones are gone (a
@@ -151,7 +149,7 @@ class SparkJobs:
         with self._resident_lock:
             workers = self._resident
             if workers is None or workers.broken is not None:
-                slots = self._slots()
+                slots = self._slots
                 assert slots is not None
                 workers = ResidentWorkers(self.context, slots, self.traffic.add_call)
                 workers.start()

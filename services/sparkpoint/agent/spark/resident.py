@@ -111,9 +111,11 @@ def receive(sock: socket.socket) -> bytes | None:
     header = receive_exactly(sock, _LENGTH.size)
     if not header:
         return None
-    size = _LENGTH.unpack(header)[0] if len(header) == _LENGTH.size else -1
-    body = receive_exactly(sock, size) if size >= 0 else b""
-    if len(body) != size:
+    if len(header) < _LENGTH.size:
+        raise EOFError("the other end closed in the middle of a frame")
+    (size,) = _LENGTH.unpack(header)
+    body = receive_exactly(sock, size)
+    if len(body) < size:
         raise EOFError("the other end closed in the middle of a frame")
     return body
 
