@@ -11,7 +11,8 @@ calls. One turn (`JobLoop.turn`):
    hold and stage 1 reading more (`rounds`);
 5. acknowledge the snapshot copies that finished, collect replaced state files;
 6. at the end of a bounded input: the end-of-input round, then the final checkpoint;
-7. wait for control events while a stage runs (or a little longer when idle).
+7. sleep until a control event arrives or a future of its pools ends (`wakeup`), or a short
+   timeout for what has a deadline instead.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sparkpoint.agent.rounds.rounds import Rounds
 from sparkpoint.agent.sinks import EpochCommitter, SinkWriter
 from sparkpoint.agent.sources.backlog import BacklogReports
 from sparkpoint.agent.state.books import StateBackend
+from sparkpoint.agent.wakeup import Wakeup
 from sparkpoint.common.events import (
     CancelJob,
     FailoverRequest,
@@ -42,11 +44,12 @@ from sparkpoint.common.events import (
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
-"""How long the loop waits on the control topic when there is nothing to fetch or process."""
+"""How long the loop sleeps when there is nothing to fetch or process and nothing wakes it."""
 
-IN_FLIGHT_WAIT_S = 0.005
-"""How long the loop listens for control events while a stage runs: triggers are answered
-within this, and a finished stage is picked up within this."""
+IN_FLIGHT_WAIT_S = 0.025
+"""How long the loop sleeps while a stage runs and nothing wakes it. A control event read, a
+stage or a snapshot copy that ended wakes it at once (`wakeup`); this bounds what has no future
+to wake it (an alignment timeout, a failed commit, a cancel)."""
 
 
 class Restart(Exception):
@@ -75,6 +78,7 @@ class JobLoop:
         stopping: Callable[[], bool],
         cancel: Callable[[], None],
         after_turn: Callable[[], None],
+        wakeup: Wakeup,
     ) -> None:
         self.job_id = job_id
         self.attempt = attempt
@@ -95,6 +99,7 @@ class JobLoop:
         """Whether the job was asked to stop (Ctrl-C, SIGTERM, a cancel)."""
         self.cancel = cancel
         self.after_turn = after_turn
+        self.wakeup = wakeup
         self._collecting: Future[list[str]] | None = None
         self.backlog_reports = BacklogReports(owner_epoch=link.membership.owner_epoch)
         """What the coordinator was told of the backlog (this attempt registered without)."""
@@ -104,6 +109,7 @@ class JobLoop:
         if self.attempt.finished_before:
             log.info("job %s: restored from its final checkpoint (its input ended there): finished", self.job_id)  # fmt: skip
             return JobStatus.FINISHED
+        self.link.listen(self.wakeup.set)
         while True:
             ended = self.turn()
             if ended is not None:
@@ -126,13 +132,13 @@ class JobLoop:
         busy |= self.end_of_input()
         self.after_turn()
         in_flight = bool(self.stages.in_flight() or self.parts.restoring.futures)
-        if not busy and self.read_control(self.wait_s(in_flight)):
+        if not busy and self.wakeup.wait(self.wait_s(in_flight)) and self.read_control(0):
             return JobStatus.FINISHED
         return None
 
     def wait_s(self, in_flight: bool) -> float:
-        """How long a turn with nothing to do listens for control events: briefly while a stage
-        runs, until the next round may start when rounds are paced, else `IDLE_WAIT_S`."""
+        """How long a turn with nothing to do sleeps unless woken: briefly while a stage runs,
+        until the next round may start when rounds are paced, else `IDLE_WAIT_S`."""
         if in_flight:
             return IN_FLIGHT_WAIT_S
         pause = self.stages.pause_left()

@@ -62,6 +62,7 @@ from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
 from sparkpoint.agent.spark.jobs import SparkJobs
 from sparkpoint.agent.state.backend import local_path
+from sparkpoint.agent.wakeup import Wakeup, WakingPool
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.checkpoint_store import latest_store_record
 from sparkpoint.common.events import (
@@ -122,9 +123,10 @@ class Agent:
             f"sparkpoint {self.job_id}", options.master, options.spark_settings, spark,
             options.resident_tasks,
         )  # fmt: skip
-        self.stages = Rounds(self._round_settings(), self.spark_jobs, self.progress)
-        self.filter_jobs = FilterJobs(self.spark_jobs, self.job_id)
-        self.copier = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="snapshot-copy")
+        wake = self.wakeup = Wakeup()  # the loop sleeps on it: control events, pools' futures
+        self.stages = Rounds(self._round_settings(), self.spark_jobs, self.progress, wake.set)
+        self.filter_jobs = FilterJobs(self.spark_jobs, self.job_id, wake)
+        self.copier = WakingPool(wake, COPY_THREADS, thread_name_prefix="snapshot-copy")
         self.janitor = ThreadPoolExecutor(1, thread_name_prefix="state-garbage")
         """Deletes replaced working state files: on an object store a round trip the loop need
         not wait for."""
@@ -348,6 +350,7 @@ class Agent:
     def stop(self) -> None:
         """Cancel (Ctrl-C, SIGTERM): the job ends CANCELED at the end of the current round."""
         self.stopping.set()
+        self.wakeup.set()
 
     def _close(self) -> None:
         self.spark_jobs.settle()
@@ -480,7 +483,7 @@ class Agent:
         return JobLoop(
             self.job_id, attempt, self.stages, self.link, self.sink, self.committer,
             self.filter_jobs, self.segment_files, self.janitor, self.channel_dir,
-            self.max_parallelism, self.stopping.is_set, self.stopping.set, self._after_turn,
+            self.max_parallelism, self.stopping.is_set, self.stop, self._after_turn, self.wakeup,
         )  # fmt: skip
 
     def _after_turn(self) -> None:

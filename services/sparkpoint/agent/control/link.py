@@ -14,6 +14,7 @@ from collections.abc import Callable
 from confluent_kafka import TopicPartition
 
 from sparkpoint.agent.control.membership import Membership
+from sparkpoint.agent.control.reader import ControlReader
 from sparkpoint.agent.rounds.user_code import UserFunctionError
 from sparkpoint.common.avro import EventCodec
 from sparkpoint.common.events import JobRegistered, JobStatus, JobStatusChanged
@@ -56,6 +57,8 @@ class ControlLink:
         self.membership = membership
         self.clock_ms = clock_ms
         self.control: EventSubscriber | None = None
+        self.reader: ControlReader | None = None
+        """Reads the control partition on a thread of its own while the job runs (`listen`)."""
         self.partition = 0
         self._resume: int | None = None
         """Where the control topic was read up to when the job restarts in this process."""
@@ -83,14 +86,25 @@ class ControlLink:
             self.job_id, self.membership.attempt, response.checkpoint_id_counter,
         )  # fmt: skip
 
+    def listen(self, wake: Callable[[], None]) -> None:
+        """From now until `disconnect`, the control partition is read on a thread of its own
+        that calls ``wake`` when events arrived; `read` then takes them without waiting."""
+        if self.control is not None and self.reader is None:
+            self.reader = ControlReader(self.control, wake, CONTROL_BATCH)
+
     def read(self, timeout_s: float) -> list[object]:
-        """The job's control events that arrived within ``timeout_s``, addressed to this
-        agent's attempt (`Membership.hears`: raises `Superseded` when taken over)."""
+        """The job's control events that arrived (within ``timeout_s`` when no reader runs:
+        then this polls), addressed to this agent's attempt (`Membership.hears`: raises
+        `Superseded` when taken over)."""
         if self.control is None:
             return []
+        if self.reader is not None:
+            records = self.reader.take(CONTROL_BATCH)
+        else:
+            records = self.control.poll(timeout_s, CONTROL_BATCH)
         return [
             record.event
-            for record in self.control.poll(timeout_s, CONTROL_BATCH)
+            for record in records
             if record.key == self.job_id
             and record.event is not None
             and self.membership.hears(record.event)
@@ -130,12 +144,16 @@ class ControlLink:
         """Lets go of the control topic; ``keep_position``: the next attempt reads on from here
         (a cancel sent meanwhile is not missed)."""
         control, self.control = self.control, None
+        reader, self.reader = self.reader, None
+        left = reader.stop() if reader is not None else []
         if control is None:
             return
-        if keep_position:
+        if keep_position:  # from the first event read and not handled, else from the position
             with contextlib.suppress(Exception):
                 where = TopicPartition(CONTROL.name(), self.partition)
                 self._resume = control.consumer.position([where])[0].offset
+            if left:
+                self._resume = left[0].offset
         try:
             control.close()
         except Exception as exc:  # closing after a failure: report, go on closing

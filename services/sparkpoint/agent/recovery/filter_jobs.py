@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -28,6 +28,7 @@ from sparkpoint.agent.rounds.channels import Channel
 from sparkpoint.agent.spark.jobs import RECOVERY_POOL, SparkJobs
 from sparkpoint.agent.spark.worker_gc import in_task
 from sparkpoint.agent.state.backend import local_path
+from sparkpoint.agent.wakeup import Wakeup, WakingPool
 from sparkpoint.common.keygroups import KeyGroupRange
 
 log = logging.getLogger(__name__)
@@ -109,10 +110,10 @@ class FilterJob:
 class FilterJobs:
     """Filter jobs of restored channel state, each on a thread of its own, submitted in turn."""
 
-    def __init__(self, jobs: SparkJobs, job_id: str) -> None:
+    def __init__(self, jobs: SparkJobs, job_id: str, wakeup: Wakeup) -> None:
         self.jobs = jobs
         self.job_id = job_id
-        self.pool = ThreadPoolExecutor(2, thread_name_prefix="filter")
+        self.pool = WakingPool(wakeup, 2, thread_name_prefix="filter")
         self.last: FilterJob | None = None
         self.cancelled = threading.Event()
         """Set when the attempt ends: a filter job not yet submitted to Spark is not submitted."""

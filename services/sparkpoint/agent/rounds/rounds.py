@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from itertools import zip_longest
@@ -155,10 +155,18 @@ def round_tasks(
 
 
 class Rounds:
-    def __init__(self, settings: RoundSettings, jobs: SparkJobs, progress: Progress) -> None:
+    def __init__(
+        self,
+        settings: RoundSettings,
+        jobs: SparkJobs,
+        progress: Progress,
+        wake: Callable[[], None] = lambda: None,
+    ) -> None:
         self.settings = settings
         self.jobs = jobs
         self.progress = progress
+        self.wake = wake
+        """Called once a round's stages are handed out (the loop then collects them at once)."""
         self.runner = ThreadPoolExecutor(1, thread_name_prefix="rounds")
         self.fetching: Future[list[FetchResult]] | None = None
         """The stage-1 part of the round in flight, when it has one."""
@@ -256,7 +264,12 @@ class Rounds:
         )  # fmt: skip
         processing: Future[list[ProcessResult]] | None = Future() if process else None
         fetching: Future[list[FetchResult]] | None = Future() if fetch else None
-        whole.add_done_callback(lambda done: hand_out(done, processing, fetching))
+
+        def handed_out(done: Future[list[tuple[ProcessOutcome, FetchOutcome]]]) -> None:
+            hand_out(done, processing, fetching)
+            self.wake()
+
+        whole.add_done_callback(handed_out)
         self.processing, self.fetching = processing, fetching
         self.submitted = time.monotonic()
         return bool(process)
