@@ -345,9 +345,19 @@ class TreeCpu:
         return s0 + (s1 - s0) * (moment - t0) / (t1 - t0)
 
     def roles_at(self, moment: float) -> dict[str, float]:
-        """Seconds by role at the last sample before a monotonic moment."""
-        before = [roles for t, roles in self.timeline if t <= moment]
-        return before[-1] if before else {}
+        """Seconds by role at a monotonic moment, each interpolated between the samples around
+        it as `at` does (the last sample before it would count up to an interval of start-up as
+        work after it: a process busy starting counts 0.25 s more)."""
+        before = [(t, roles) for t, roles in self.timeline if t <= moment]
+        after = [(t, roles) for t, roles in self.timeline if t > moment]
+        if not before:
+            return {}
+        (t0, r0) = before[-1]
+        if not after:
+            return r0
+        (t1, r1) = after[0]
+        share = (moment - t0) / (t1 - t0)
+        return {role: s + (r1.get(role, s) - s) * share for role, s in r0.items()}
 
     def by_role(self) -> dict[str, float]:
         """CPU seconds by role, rounded (see `roles`)."""
