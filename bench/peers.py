@@ -50,7 +50,12 @@ Figures per system:
 - sparkpoint's ``scale_model`` (and sparkpoint-jobs', the one for executors of a cluster): its
   serial (driver) and parallel (executor) CPU per million records and per round, the serial
   fraction they imply and the speedup Amdahl's law predicts at 2, 8 and 32 executors
-  (docs/architecture.md);
+  (docs/architecture.md): the driver (agent process, driver JVM) as serial, the coordinator
+  apart (``serial_fraction_with_coordinator`` counts it too); sparkpoint's job process by its
+  own clock from its first turn after registering;
+- ``sparkpoint_idle``: what the same job costs per second with nothing to process (an empty
+  topic that stays open: rounds reading nothing, a checkpoint a second, heartbeats), cores busy
+  by role over 10 s;
 - exact: the whole output topic read back (to its true end offsets) holds exactly one record
   per input record, each the right running sum (none missing, duplicated or wrong), and the last
   sum of every user equals its total computed here in plain Python (spark-agg: every sum right,
@@ -152,6 +157,9 @@ SERIAL_FRACTION_GOAL = 0.02
 STARTUP_GOAL_S = 5.0
 """Issue 43: from launching the agent to the first record processed."""
 EXECUTORS = (2, 8, 32)
+
+IDLE_SECONDS = 10.0
+"""How long sparkpoint's idle run is measured (`idle_rates`)."""
 TOPIC_CONFIG = {"retention.ms": "604800000", "retention.bytes": "-1"}
 """Kafka's defaults, given explicitly: the embedded broker describes only the configs a topic was
 created with, and quixstreams derives its changelog topics from the input's retention.ms."""
@@ -728,6 +736,45 @@ def scale_model(result: dict[str, Any], records: int) -> dict[str, Any]:
     }
 
 
+def idle_rates(bootstrap: str, root: Path, timeout_s: float) -> dict[str, Any]:
+    """sparkpoint's cost per second of running with nothing to process: the peers job on an
+    empty topic that stays open (its rounds read nothing, a checkpoint every second), measured
+    over `IDLE_SECONDS` once its first checkpoints are behind it. CPU per second by role (cores
+    busy), the job process's by its own clock, the others over the same span from their
+    samples."""
+    topic, output = "peers-idle-in", "peers-idle-out"
+    create_topic(bootstrap, topic)
+    create_topic(bootstrap, output)
+    args = [
+        "--bootstrap", bootstrap, "--input", topic, "--output", output, "--records", "0",
+        "--work-dir", str(root / "checkpoints"), "--name", f"peers-idle-{uuid.uuid4().hex[:8]}",
+        "--idle-seconds", str(IDLE_SECONDS),
+    ]  # fmt: skip
+    coordinator = CoordinatorProcess(bootstrap, root)
+    coordinator_cpu = TreeCpu(coordinator.process.pid, lambda *_: "coordinator")
+    try:
+        run = run_job(
+            Path(sys.executable), "sparkpoint_job.py", args, root / "sparkpoint-idle.log",
+            timeout_s, dict(os.environ),
+        )  # fmt: skip
+    finally:
+        coordinator_cpu.stop()
+        coordinator.stop()
+    since, until = run.figures["idle_from"], run.figures["idle_to"]
+    seconds = until - since
+    before, after = run.cpu.roles_at(since), run.cpu.roles_at(until)
+    busy = {role: (after[role] - before.get(role, 0.0)) / seconds for role in after}
+    busy["job-process"] = run.figures["process_cpu_seconds"] / seconds
+    busy["coordinator"] = (coordinator_cpu.at(until) - coordinator_cpu.at(since)) / seconds
+    return {
+        "seconds": round(seconds, 2),
+        "cores_busy_by_role": {role: round(value, 4) for role, value in sorted(busy.items())},
+        "measured_as": "the peers job on an empty topic that stays open (checkpoints every 1 s, "
+        "unaligned, exactly-once sink), from 3 s after its first turn; the job process by "
+        "its own clock (process_time), the others from /proc every 0.25 s over the same span",
+    }
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
     lines = [
         f"{'system':<12} {'rec/s incl. start':>17} {'rec/s excl. start':>17} "
@@ -921,6 +968,11 @@ def main() -> None:
                     f"first output at {result['first_output_seconds']} s"
                 )
         results = {system: median_run(found) for system, found in runs.items()}
+        idle: dict[str, Any] | None = None
+        if "sparkpoint" in results:
+            print("sparkpoint: idle run (an empty topic, checkpoints every second)")
+            idle = idle_rates(broker.bootstrap, root, options.timeout)
+            print(f"sparkpoint idle, cores busy by role: {idle['cores_busy_by_role']}")
     print(table(results))
     if options.keep:
         print(f"kept {root}")
@@ -940,6 +992,7 @@ def main() -> None:
         "repeats": options.repeat,
         "repeats_as": REPEATS_AS,
         **results,
+        "sparkpoint_idle": idle,
         "goals": goals(results) if "sparkpoint" in results else {},
     }
     if summary["goals"]:

@@ -55,6 +55,11 @@ def arguments(description: str) -> argparse.Namespace:
         "--spark-jobs", action="store_true",
         help="sparkpoint: a Spark job per round, as on a cluster (no resident tasks)",
     )  # fmt: skip
+    parser.add_argument(
+        "--idle-seconds", type=float, default=0.0,
+        help="sparkpoint: run the job this long on an empty topic that stays open (its cost "
+        "per second with nothing to process) instead of over --records",
+    )  # fmt: skip
     return parser.parse_args()
 
 

@@ -14,9 +14,12 @@ from sparkpoint.agent.spark.session import launch_driver
 def main() -> None:
     args = arguments(__doc__ or "")
     launch_driver("local[2]")
-    from sparkpoint_running_sum import run
+    from sparkpoint_running_sum import idle, run
 
-    run(args)
+    if args.idle_seconds:
+        idle(args)
+    else:
+        run(args)
 
 
 if __name__ == "__main__":

@@ -60,10 +60,10 @@ class RunningSum(KeyedFunction):
         return pd.DataFrame({"user": user, "sum": sums})
 
 
-def running_sum_job(name: str, input_topic: str, output_topic: str) -> Job:
+def running_sum_job(name: str, input_topic: str, output_topic: str, bounded: bool = True) -> Job:
     return Job(
         name=name,
-        source=KafkaSource([input_topic], bounded=True),
+        source=KafkaSource([input_topic], bounded=bounded),
         key="user",
         function=RunningSum(),
         sink=KafkaSink(output_topic),
@@ -125,5 +125,42 @@ def run(args: argparse.Namespace) -> None:
                 name: importlib.metadata.version(name)
                 for name in ("sparkpoint", "pyspark", "confluent-kafka")
             },
+        }
+    )
+
+
+SETTLE_S = 3.0
+"""Seconds after the first turn before the idle run is measured (the first checkpoints)."""
+
+
+def idle(args: argparse.Namespace) -> None:
+    """The same job on an empty topic that stays open: checkpoints every second, heartbeats,
+    the control link, with no record to process. Reports this process's CPU (every thread, its
+    own clock) over ``--idle-seconds`` after `SETTLE_S`, and when that was, so the benchmark
+    can take the other processes' CPU over the same span."""
+    logging.basicConfig(level=logging.WARNING)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
+    job = running_sum_job(args.name, args.input, args.output, bounded=False)
+    options = AgentOptions(args.bootstrap, master="local[2]", checkpoint_dir=args.work_dir)
+    agent = Agent(job, options, EventCodec())
+    turned = threading.Event()
+    agent.on_round = lambda _: turned.set()
+    running = threading.Thread(target=agent.run, name="idle-job", daemon=True)
+    running.start()
+    if not turned.wait(300):
+        raise SystemExit(f"job {job.id} did not start within 300 s")
+    time.sleep(SETTLE_S)
+    idle_from, cpu_from = time.monotonic(), time.process_time()
+    time.sleep(args.idle_seconds)
+    idle_to, cpu_to = time.monotonic(), time.process_time()
+    agent.stop()
+    running.join(120)
+    report(
+        {
+            "job_id": job.id,
+            "idle_from": idle_from,
+            "idle_to": idle_to,
+            "process_cpu_seconds": round(cpu_to - cpu_from, 3),
+            "status": agent.status.name,
         }
     )
