@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import zip_longest
 from typing import Any
 
@@ -131,6 +133,15 @@ def backlogs(source: Reader, planned: dict[Partition, PlannedRead]) -> dict[Part
     return found
 
 
+QUEUE_WAIT_S = 5.0
+"""How long a round waits for its stage-2 call to be queued before it calls stage 1 (a
+millisecond, unless the call fails first: then its future ends the wait)."""
+
+
+def _release(event: threading.Event, _: object) -> None:
+    event.set()
+
+
 def run_round_task(
     task: RoundTask, keyed_function: KeyedFunction, map_function: MapFunction
 ) -> tuple[ProcessOutcome, FetchOutcome]:
@@ -167,7 +178,8 @@ class Rounds:
         self.progress = progress
         self.wake = wake
         """Called once a round's stages are handed out (the loop then collects them at once)."""
-        self.runner = ThreadPoolExecutor(1, thread_name_prefix="rounds")
+        self.runner = ThreadPoolExecutor(2, thread_name_prefix="rounds")
+        """Calls the round's parts: one Spark job, or each stage's call to resident tasks."""
         self.fetching: Future[list[FetchResult]] | None = None
         """The stage-1 part of the round in flight, when it has one."""
         self.processing: Future[list[ProcessResult]] | None = None
@@ -251,28 +263,55 @@ class Rounds:
         fetch = [] if end_of_input else self._plan_fetch(source, channels, held)
         if not process and not fetch:
             return False
+        self.processing, self.fetching = self._submit(process, fetch)
+        self.submitted = time.monotonic()
+        return bool(process)
+
+    def _submit(
+        self, process: list[ProcessTask], fetch: list[list[FetchTask]]
+    ) -> tuple[Future[list[ProcessResult]] | None, Future[list[FetchResult]] | None]:
+        """Runs the round's parts: one Spark job, or, on resident tasks, each stage as a call
+        of its own, stage 2's parts queued first, so that its results are collected as soon as
+        they end, not once stage 1's reads end too (its output is staged a read sooner, and the
+        first output of a start comes sooner). Returns each stage's future."""
         settings = self.settings
-        tasks = round_tasks(process, fetch, self.jobs.cores())
         description = (
             f"{settings.job_id} round: {len(process)} subtasks, "
             f"{sum(len(f) for f in fetch)} partitions"
         )
         keyed_function, map_function = settings.keyed_function, settings.map_function
-        whole: Future[list[tuple[ProcessOutcome, FetchOutcome]]] = self.runner.submit(
-            self.jobs.run, ROUNDS_POOL, description, tasks,
-            lambda t: run_round_task(t, keyed_function, map_function), "rounds",
-        )  # fmt: skip
         processing: Future[list[ProcessResult]] | None = Future() if process else None
         fetching: Future[list[FetchResult]] | None = Future() if fetch else None
+        if self.jobs.resident:
+            calls = [
+                ([RoundTask(p, []) for p in process], processing, None),
+                ([RoundTask(None, f) for f in fetch], None, fetching),
+            ]
+        else:
+            calls = [(round_tasks(process, fetch, self.jobs.cores()), processing, fetching)]
+        calls = [call for call in calls if call[0]]
+        for i, (tasks, to_process, to_fetch) in enumerate(calls):
+            last = i == len(calls) - 1
+            queued = threading.Event()
+            whole: Future[list[tuple[ProcessOutcome, FetchOutcome]]] = self.runner.submit(
+                self.jobs.run, ROUNDS_POOL, description, tasks,
+                lambda t: run_round_task(t, keyed_function, map_function),
+                "rounds" if last else None, queued.set,
+            )  # fmt: skip
+            whole.add_done_callback(partial(_release, queued))  # a call that failed to queue
+            whole.add_done_callback(partial(self._handed_out, to_process, to_fetch))
+            if not last:  # the next call's parts queue behind these
+                queued.wait(QUEUE_WAIT_S)
+        return processing, fetching
 
-        def handed_out(done: Future[list[tuple[ProcessOutcome, FetchOutcome]]]) -> None:
-            hand_out(done, processing, fetching)
-            self.wake()
-
-        whole.add_done_callback(handed_out)
-        self.processing, self.fetching = processing, fetching
-        self.submitted = time.monotonic()
-        return bool(process)
+    def _handed_out(
+        self,
+        processing: Future[list[ProcessResult]] | None,
+        fetching: Future[list[FetchResult]] | None,
+        done: Future[list[tuple[ProcessOutcome, FetchOutcome]]],
+    ) -> None:
+        hand_out(done, processing, fetching)
+        self.wake()
 
     # --- stage 1 ---------------------------------------------------------------------------------
 
