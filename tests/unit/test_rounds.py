@@ -1,5 +1,6 @@
-"""A round is one Spark job running both stages (agent/rounds/rounds.py): how its parts become
-tasks, and how a finished job's results reach the two stages' futures. Pure logic: no Spark."""
+"""A round is one Spark job running both stages, or on resident tasks one call per stage
+(agent/rounds/rounds.py): how its parts become tasks, how a finished call's results reach the
+two stages' futures, and how stage 1's call follows stage 2's. Pure logic: no Spark."""
 
 from __future__ import annotations
 
@@ -7,9 +8,15 @@ from concurrent.futures import Future
 
 import pytest
 
+from sparkpoint.agent.rounds.calls import (
+    ChainedStage,
+    FetchOutcome,
+    ProcessOutcome,
+    hand_out,
+    round_tasks,
+)
 from sparkpoint.agent.rounds.fetch import FetchResult, FetchTask
 from sparkpoint.agent.rounds.process import ProcessResult, ProcessTask
-from sparkpoint.agent.rounds.rounds import FetchOutcome, ProcessOutcome, hand_out, round_tasks
 from sparkpoint.agent.rounds.user_code import UserCodeFailure, UserFunctionError
 
 
@@ -76,3 +83,29 @@ def test_a_failed_job_fails_both_stages_and_a_round_without_a_stage_has_no_futur
     hand_out(whole, processing, None)
     with pytest.raises(RuntimeError, match="task lost"):
         processing.result()
+
+
+def test_stage_1_is_called_once_stage_2_is_queued_and_only_once() -> None:
+    calls: list[str] = []
+    fetching: Future[list[FetchResult]] = Future()
+    chain = ChainedStage(lambda: calls.append("stage 1"), fetching)
+    chain.queued()
+    ended: Future[object] = Future()
+    ended.set_result([])
+    chain.ended(ended)  # stage 2's call ended after its parts were queued
+    chain.queued()
+    assert calls == ["stage 1"]
+    assert not fetching.done()  # stage 1's own call hands its results out
+
+
+def test_stage_1_fails_with_stage_2_when_its_parts_were_never_queued() -> None:
+    calls: list[str] = []
+    fetching: Future[list[FetchResult]] = Future()
+    chain = ChainedStage(lambda: calls.append("stage 1"), fetching)
+    ended: Future[object] = Future()
+    ended.set_exception(RuntimeError("resident tasks unavailable: the resident tasks ended"))
+    chain.ended(ended)
+    chain.queued()
+    assert calls == []
+    with pytest.raises(RuntimeError, match="resident tasks unavailable"):
+        fetching.result(0)

@@ -15,21 +15,20 @@ loop, which hands it on (a round never touches checkpoints or the sink's epochs)
 - When the parts are more than the cores, a task runs a stage-2 part and then a stage-1 part
   (`RoundTask`); otherwise each part is a task. One job per round, not one per stage: a
   PySpark job costs 35-50 ms before its first task runs, each task some more, and two stages'
-  jobs in flight together queued for the same cores (`bench/latency.py`).
+  jobs in flight together queued for the same cores (`bench/latency.py`). On resident tasks
+  a part costs no job, and each stage is a call of its own, stage 2's parts queued first: its
+  results are collected as soon as its parts end (`calls`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field, replace
-from functools import partial
-from itertools import zip_longest
 from typing import Any
 
 from sparkpoint.agent.control.progress import Progress
@@ -43,6 +42,7 @@ from sparkpoint.agent.job import (
     Source,
     has_timers,
 )
+from sparkpoint.agent.rounds.calls import RoundCalls
 from sparkpoint.agent.rounds.channels import (
     Channel,
     Segment,
@@ -50,15 +50,14 @@ from sparkpoint.agent.rounds.channels import (
     mark_source_watermark,
 )
 from sparkpoint.agent.rounds.debloat import Debloater
-from sparkpoint.agent.rounds.fetch import FetchResult, FetchTask, fetch_and_partition
+from sparkpoint.agent.rounds.fetch import FetchResult, FetchTask
 from sparkpoint.agent.rounds.initial import InitialState
-from sparkpoint.agent.rounds.process import ProcessResult, ProcessTask, output_file, process_subtask
-from sparkpoint.agent.rounds.user_code import UserCodeFailure, guarded, unless_user_failed
+from sparkpoint.agent.rounds.process import ProcessResult, ProcessTask, output_file
 from sparkpoint.agent.sinks import Emit
 from sparkpoint.agent.sources import Partition, PlannedRead
 from sparkpoint.agent.sources.files import FileSourceReader
 from sparkpoint.agent.sources.kafka import KafkaSourceReader
-from sparkpoint.agent.spark.jobs import ROUNDS_POOL, SparkJobs
+from sparkpoint.agent.spark.jobs import SparkJobs
 from sparkpoint.agent.state.books import StateBackend
 from sparkpoint.agent.state.runs import SubtaskState
 from sparkpoint.common.kafka_config import Frozen
@@ -110,19 +109,6 @@ class Processed:
     """Bytes of segments each subtask consumed."""
 
 
-@dataclass(frozen=True)
-class RoundTask:
-    """One Spark task of a round: a subtask's stage-2 part, then a source subtask's stage-1
-    part, either of them absent."""
-
-    process: ProcessTask | None
-    fetch: list[FetchTask]
-
-
-ProcessOutcome = ProcessResult | UserCodeFailure | None
-FetchOutcome = list[FetchResult] | UserCodeFailure | None
-
-
 def backlogs(source: Reader, planned: dict[Partition, PlannedRead]) -> dict[Partition, int | None]:
     """Per planned read, the records it may find: to its planned end, else to the source's
     end (a bounded source), else unknown."""
@@ -131,38 +117,6 @@ def backlogs(source: Reader, planned: dict[Partition, PlannedRead]) -> dict[Part
         end = read.until if read.until is not None else source.ends.get(partition)
         found[partition] = end - source.positions[partition] if end is not None else None
     return found
-
-
-QUEUE_WAIT_S = 5.0
-"""How long a round waits for its stage-2 call to be queued before it calls stage 1 (a
-millisecond, unless the call fails first: then its future ends the wait)."""
-
-
-def _release(event: threading.Event, _: object) -> None:
-    event.set()
-
-
-def run_round_task(
-    task: RoundTask, keyed_function: KeyedFunction, map_function: MapFunction
-) -> tuple[ProcessOutcome, FetchOutcome]:
-    """A round's task: its stage-2 part (whose at-least-once output is visible at its end),
-    then its stage-1 part (reading what arrived meanwhile, within the planned ends)."""
-    processed = (
-        guarded(process_subtask, task.process, keyed_function) if task.process is not None else None
-    )
-    fetched = guarded(fetch_and_partition, task.fetch, map_function) if task.fetch else None
-    return processed, fetched
-
-
-def round_tasks(
-    process: list[ProcessTask], fetch: list[list[FetchTask]], cores: int
-) -> list[RoundTask]:
-    """The round's parts as tasks: each part a task when the cores take them all at once, else
-    a stage-2 part and a stage-1 part to a task (the job then has as many tasks as its larger
-    stage)."""
-    if len(process) + len(fetch) <= cores:
-        return [RoundTask(p, []) for p in process] + [RoundTask(None, f) for f in fetch]
-    return [RoundTask(p, f or []) for p, f in zip_longest(process, fetch)]
 
 
 class Rounds:
@@ -176,10 +130,9 @@ class Rounds:
         self.settings = settings
         self.jobs = jobs
         self.progress = progress
-        self.wake = wake
-        """Called once a round's stages are handed out (the loop then collects them at once)."""
-        self.runner = ThreadPoolExecutor(2, thread_name_prefix="rounds")
-        """Calls the round's parts: one Spark job, or each stage's call to resident tasks."""
+        self.calls = RoundCalls(
+            settings.job_id, settings.keyed_function, settings.map_function, jobs, wake
+        )
         self.fetching: Future[list[FetchResult]] | None = None
         """The stage-1 part of the round in flight, when it has one."""
         self.processing: Future[list[ProcessResult]] | None = None
@@ -263,55 +216,9 @@ class Rounds:
         fetch = [] if end_of_input else self._plan_fetch(source, channels, held)
         if not process and not fetch:
             return False
-        self.processing, self.fetching = self._submit(process, fetch)
+        self.processing, self.fetching = self.calls.submit(process, fetch)
         self.submitted = time.monotonic()
         return bool(process)
-
-    def _submit(
-        self, process: list[ProcessTask], fetch: list[list[FetchTask]]
-    ) -> tuple[Future[list[ProcessResult]] | None, Future[list[FetchResult]] | None]:
-        """Runs the round's parts: one Spark job, or, on resident tasks, each stage as a call
-        of its own, stage 2's parts queued first, so that its results are collected as soon as
-        they end, not once stage 1's reads end too (its output is staged a read sooner, and the
-        first output of a start comes sooner). Returns each stage's future."""
-        settings = self.settings
-        description = (
-            f"{settings.job_id} round: {len(process)} subtasks, "
-            f"{sum(len(f) for f in fetch)} partitions"
-        )
-        keyed_function, map_function = settings.keyed_function, settings.map_function
-        processing: Future[list[ProcessResult]] | None = Future() if process else None
-        fetching: Future[list[FetchResult]] | None = Future() if fetch else None
-        if self.jobs.resident:
-            calls = [
-                ([RoundTask(p, []) for p in process], processing, None),
-                ([RoundTask(None, f) for f in fetch], None, fetching),
-            ]
-        else:
-            calls = [(round_tasks(process, fetch, self.jobs.cores()), processing, fetching)]
-        calls = [call for call in calls if call[0]]
-        for i, (tasks, to_process, to_fetch) in enumerate(calls):
-            last = i == len(calls) - 1
-            queued = threading.Event()
-            whole: Future[list[tuple[ProcessOutcome, FetchOutcome]]] = self.runner.submit(
-                self.jobs.run, ROUNDS_POOL, description, tasks,
-                lambda t: run_round_task(t, keyed_function, map_function),
-                "rounds" if last else None, queued.set,
-            )  # fmt: skip
-            whole.add_done_callback(partial(_release, queued))  # a call that failed to queue
-            whole.add_done_callback(partial(self._handed_out, to_process, to_fetch))
-            if not last:  # the next call's parts queue behind these
-                queued.wait(QUEUE_WAIT_S)
-        return processing, fetching
-
-    def _handed_out(
-        self,
-        processing: Future[list[ProcessResult]] | None,
-        fetching: Future[list[FetchResult]] | None,
-        done: Future[list[tuple[ProcessOutcome, FetchOutcome]]],
-    ) -> None:
-        hand_out(done, processing, fetching)
-        self.wake()
 
     # --- stage 1 ---------------------------------------------------------------------------------
 
@@ -554,32 +461,4 @@ class Rounds:
         self.initial = None  # the next attempt applies it again, or restores what has it
 
     def shutdown(self) -> None:
-        self.runner.shutdown(wait=True)
-
-
-def hand_out(
-    whole: Future[list[tuple[ProcessOutcome, FetchOutcome]]],
-    processing: Future[list[ProcessResult]] | None,
-    fetching: Future[list[FetchResult]] | None,
-) -> None:
-    """Hands a finished round's results to its parts' futures: the stage-2 results in subtask
-    order, the stage-1 results flattened. The job failing fails both; the job's own function
-    raising in a part (`UserFunctionError`) fails that stage's future."""
-    try:
-        results = whole.result()
-    except BaseException as exc:
-        for future in (processing, fetching):
-            if future is not None:
-                future.set_exception(exc)
-        return
-    if processing is not None:
-        try:
-            processing.set_result(unless_user_failed([p for p, _ in results if p is not None]))
-        except BaseException as exc:
-            processing.set_exception(exc)
-    if fetching is not None:
-        try:
-            reads = unless_user_failed([f for _, f in results if f is not None])
-            fetching.set_result([r for each in reads for r in each])
-        except BaseException as exc:
-            fetching.set_exception(exc)
+        self.calls.shutdown()
