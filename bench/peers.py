@@ -78,6 +78,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -606,13 +607,9 @@ def run_system(
     first_output = FirstOutput(bootstrap, output)
     extra: dict[str, tuple[float, float]] = {}
     if ours:
-        coordinator = CoordinatorProcess(bootstrap, root)
-        coordinator_cpu = TreeCpu(coordinator.process.pid, lambda *_: "coordinator")
-        try:
-            run = run_job(python, script, args, log, timeout_s, env)
-        finally:
-            coordinator_cpu.stop()
-            coordinator.stop()
+        run, coordinator_cpu = beside_a_coordinator(
+            bootstrap, root, lambda: run_job(python, script, args, log, timeout_s, env)
+        )
         durations = checkpoint_durations(bootstrap, run.figures["job_id"])
         start = run.figures["registered"]
         extra["coordinator"] = (coordinator_cpu.at(start), coordinator_cpu.total())
@@ -736,6 +733,18 @@ def scale_model(result: dict[str, Any], records: int) -> dict[str, Any]:
     }
 
 
+def beside_a_coordinator(bootstrap: str, root: Path, job: Callable[[], Run]) -> tuple[Run, TreeCpu]:
+    """Runs a sparkpoint job (``job``) against a coordinator process of its own, whose CPU is
+    sampled meanwhile; returns the run and those samples."""
+    coordinator = CoordinatorProcess(bootstrap, root)
+    coordinator_cpu = TreeCpu(coordinator.process.pid, lambda *_: "coordinator")
+    try:
+        return job(), coordinator_cpu
+    finally:
+        coordinator_cpu.stop()
+        coordinator.stop()
+
+
 def idle_rates(bootstrap: str, root: Path, timeout_s: float) -> dict[str, Any]:
     """sparkpoint's cost per second of running with nothing to process: the peers job on an
     empty topic that stays open (its rounds read nothing, a checkpoint every second), measured
@@ -750,16 +759,11 @@ def idle_rates(bootstrap: str, root: Path, timeout_s: float) -> dict[str, Any]:
         "--work-dir", str(root / "checkpoints"), "--name", f"peers-idle-{uuid.uuid4().hex[:8]}",
         "--idle-seconds", str(IDLE_SECONDS),
     ]  # fmt: skip
-    coordinator = CoordinatorProcess(bootstrap, root)
-    coordinator_cpu = TreeCpu(coordinator.process.pid, lambda *_: "coordinator")
-    try:
-        run = run_job(
-            Path(sys.executable), "sparkpoint_job.py", args, root / "sparkpoint-idle.log",
-            timeout_s, dict(os.environ),
-        )  # fmt: skip
-    finally:
-        coordinator_cpu.stop()
-        coordinator.stop()
+    log = root / "sparkpoint-idle.log"
+    run, coordinator_cpu = beside_a_coordinator(
+        bootstrap, root,
+        lambda: run_job(Path(sys.executable), "sparkpoint_job.py", args, log, timeout_s, dict(os.environ)),
+    )  # fmt: skip
     since, until = run.figures["idle_from"], run.figures["idle_to"]
     seconds = until - since
     before, after = run.cpu.roles_at(since), run.cpu.roles_at(until)

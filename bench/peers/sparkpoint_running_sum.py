@@ -72,18 +72,23 @@ def running_sum_job(name: str, input_topic: str, output_topic: str, bounded: boo
     )
 
 
-def run(args: argparse.Namespace) -> None:
+def agent_of(args: argparse.Namespace, bounded: bool = True) -> tuple[Job, Agent]:
+    """The job over ``args.input`` and its agent, as `sparkpoint agent` would run it."""
     logging.basicConfig(level=logging.WARNING)
     # the workers cannot import this file's module (bench/peers is not on their path): the
     # function travels by value, as a job that `sparkpoint agent` loads from a file does
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
-    clock = Clock()
-    job = running_sum_job(args.name, args.input, args.output)
+    job = running_sum_job(args.name, args.input, args.output, bounded)
     options = AgentOptions(
         args.bootstrap, master="local[2]", checkpoint_dir=args.work_dir,
         resident_tasks=False if args.spark_jobs else None,
     )  # fmt: skip
-    agent = Agent(job, options, EventCodec())
+    return job, Agent(job, options, EventCodec())
+
+
+def run(args: argparse.Namespace) -> None:
+    clock = Clock()
+    job, agent = agent_of(args)
     started = time.monotonic()
     first_processed: list[float] = []
 
@@ -138,11 +143,7 @@ def idle(args: argparse.Namespace) -> None:
     the control link, with no record to process. Reports this process's CPU (every thread, its
     own clock) over ``--idle-seconds`` after `SETTLE_S`, and when that was, so the benchmark
     can take the other processes' CPU over the same span."""
-    logging.basicConfig(level=logging.WARNING)
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
-    job = running_sum_job(args.name, args.input, args.output, bounded=False)
-    options = AgentOptions(args.bootstrap, master="local[2]", checkpoint_dir=args.work_dir)
-    agent = Agent(job, options, EventCodec())
+    job, agent = agent_of(args, bounded=False)
     turned = threading.Event()
     agent.on_round = lambda _: turned.set()
     running = threading.Thread(target=agent.run, name="idle-job", daemon=True)

@@ -96,8 +96,10 @@ class RoundCalls:
         wake: Callable[[], None],
     ) -> None:
         self.job_id = job_id
-        self.keyed_function = keyed_function
-        self.map_function = map_function
+        self.work = partial(
+            run_round_task, keyed_function=keyed_function, map_function=map_function
+        )
+        """What each part runs: the same function for every call."""
         self.jobs = jobs
         self.wake = wake
         """Called once a call's results are handed out (the loop then collects them at once)."""
@@ -143,10 +145,8 @@ class RoundCalls:
     ) -> Future[list[tuple[ProcessOutcome, FetchOutcome]]]:
         """One call of round parts on the runner, its results handed to the stages' futures;
         ``queued`` is called once the parts wait for resident tasks."""
-        keyed_function, map_function = self.keyed_function, self.map_function
         whole: Future[list[tuple[ProcessOutcome, FetchOutcome]]] = self.runner.submit(
-            self.jobs.run, ROUNDS_POOL, description, tasks,
-            lambda t: run_round_task(t, keyed_function, map_function),
+            self.jobs.run, ROUNDS_POOL, description, tasks, self.work,
             "rounds" if timed else None, queued,
         )  # fmt: skip
         whole.add_done_callback(partial(self._handed_out, processing, fetching))
