@@ -44,6 +44,18 @@ def where(x: int) -> tuple[int, int]:
     return x, os.getpid()
 
 
+def meeting(task: tuple[str, int]) -> int:
+    """Waits until both tasks of the call run at once (each leaves its pid in ``folder``): one
+    worker cannot run both, whichever worker's thread the machine's load lets go first."""
+    folder, _ = task
+    with open(os.path.join(folder, str(os.getpid())), "w"):
+        pass
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.getpid()
+
+
 def fail(x: int) -> int:
     raise ValueError(f"task {x} refuses")
 
@@ -73,16 +85,21 @@ def test_frames_cross_a_socket_whole_and_a_close_between_frames_ends_them() -> N
         receive(theirs)
 
 
-def test_tasks_run_in_the_resident_workers_with_their_results_in_order(jobs: SparkJobs) -> None:
+def test_tasks_run_in_the_resident_workers_with_their_results_in_order(
+    jobs: SparkJobs, tmp_path: Any
+) -> None:
     jobs.warm_up(2)
     assert jobs.resident
 
     assert jobs.run(ROUNDS_POOL, "squares", list(range(7)), square) == [x * x for x in range(7)]
     found = jobs.run(ROUNDS_POOL, "where", list(range(20)), where)
-
     assert [x for x, _ in found] == list(range(20))
-    pids = {pid for _, pid in found}
+
+    # a free worker takes the next task, so 20 short ones may all go to one worker on a busy
+    # machine; two that wait for each other show both workers
+    pids = set(jobs.run(ROUNDS_POOL, "meeting", [(str(tmp_path), 0), (str(tmp_path), 1)], meeting))
     assert len(pids) == 2 and os.getpid() not in pids, "two resident workers, not the driver"
+    assert {pid for _, pid in found} <= pids
     assert jobs.run(ROUNDS_POOL, "where", [0, 1], where)[0][1] in pids, "the same workers"
     assert jobs.traffic.stages >= 3 and jobs.traffic.from_tasks > 0
 
