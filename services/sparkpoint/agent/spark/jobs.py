@@ -1,5 +1,5 @@
-"""The agent's Spark jobs: one session, started on first use (or handed in: tests and benchmarks
-share theirs), and every job the agent runs on it, each tagged in a job group of its own (what
+"""The agent's Spark jobs: one SparkContext, started on first use (or a session handed in: tests
+and benchmarks share theirs), and every job the agent runs on it, each tagged in a job group of its own (what
 the driver ships to tasks and gets back is counted: `traffic`) and in one of the scheduler pools
 of spark_pools.xml: `ROUNDS_POOL`, `RECOVERY_POOL`, `SINK_POOL`, `SNAPSHOT_POOL`.
 
@@ -54,8 +54,9 @@ class SparkJobs:
         self.master = master
         self.settings = dict(settings)
         self._session = spark
+        self._context: Any = None if spark is None else spark.sparkContext
         self._session_lock = threading.Lock()
-        """Held while the session starts: a caller on another thread waits for that one."""
+        """Held while Spark starts: a caller on another thread waits for that one."""
         self._warming: Future[None] | None = None
         self.traffic = DriverTraffic()
         self.stage_seconds: dict[str, float] = {"rounds": 0.0}
@@ -70,26 +71,39 @@ class SparkJobs:
 
     @property
     def started(self) -> bool:
-        return self._session is not None
+        return self._context is not None
 
     def session(self) -> Any:
+        """A SparkSession over `context`, made when first asked for: the agent's own work needs
+        none (`spark_context` says what one costs)."""
         with self._session_lock:
             if self._session is None:
-                from sparkpoint.agent.spark.session import spark_session
+                self._started()
+                from pyspark.sql import SparkSession
 
-                self._session = spark_session(self.app_name, self.master, self.settings)
-        return self._session
+                self._session = SparkSession.builder.getOrCreate()
+            return self._session
 
     @property
     def local(self) -> bool:
         """The executors run on the driver's machine (``local``, ``local[N]``), without starting
-        a session to find out."""
-        master = self.master if self._session is None else self._session.sparkContext.master
+        Spark to find out."""
+        master = self.master if self._context is None else self._context.master
         return str(master).startswith("local")
 
     @property
     def context(self) -> Any:
-        return self.session().sparkContext
+        """The SparkContext, started on first use."""
+        with self._session_lock:
+            return self._started()
+
+    def _started(self) -> Any:
+        """The SparkContext, started if need be (under the lock)."""
+        if self._context is None:
+            from sparkpoint.agent.spark.session import spark_context
+
+            self._context = spark_context(self.app_name, self.master, self.settings)
+        return self._context
 
     def cores(self) -> int:
         """The task slots Spark has now (``local[N]``: N; a cluster: its executors' cores)."""
@@ -203,16 +217,16 @@ class SparkJobs:
         workers = self._resident
         if workers is not None and workers.busy:
             workers.cancel("a failed attempt's tasks were cancelled")
-        if self._session is not None:
+        if self._context is not None:
             with contextlib.suppress(Exception):
-                self.traffic.cancel_open(self._session.sparkContext)
+                self.traffic.cancel_open(self._context)
 
     def report_traffic(self, job_id: str, input_bytes: int) -> None:
         """Logs the bytes the driver shipped to and got from tasks per input byte."""
-        if self._session is None or not input_bytes:
+        if self._context is None or not input_bytes:
             return
         with contextlib.suppress(Exception):  # a figure, not worth failing a close for
-            self.traffic.settle(self._session.sparkContext, wait_s=2.0)
+            self.traffic.settle(self._context, wait_s=2.0)
             log.info(
                 "job %s: %d input bytes; the driver shipped %d bytes to tasks and got %d "
                 "back (%.4f per input byte)",
