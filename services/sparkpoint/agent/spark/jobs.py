@@ -1,7 +1,8 @@
 """The agent's Spark jobs: one SparkContext, started on first use (or a session handed in: tests
-and benchmarks share theirs), and every job the agent runs on it, each tagged in a job group of its own (what
-the driver ships to tasks and gets back is counted: `traffic`) and in one of the scheduler pools
-of spark_pools.xml: `ROUNDS_POOL`, `RECOVERY_POOL`, `SINK_POOL`, `SNAPSHOT_POOL`.
+and benchmarks share theirs), and every job the agent runs on it, each tagged in a job group of
+its own (what the driver ships to tasks and gets back is counted: `traffic`) and in one of the
+scheduler pools of spark_pools.xml: `ROUNDS_POOL`, `RECOVERY_POOL`, `SINK_POOL`,
+`SNAPSHOT_POOL`.
 
 On a local master of a session the agent started itself, the same work runs in resident tasks
 instead (`resident`): long-running Spark tasks, one per slot, that take the agent's tasks as

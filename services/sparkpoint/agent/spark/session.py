@@ -1,9 +1,11 @@
-"""The agent's Spark session: ``local[*]`` by default, any master with ``--master``, Spark settings
+"""The agent's Spark: a SparkContext (`spark_context`; a SparkSession over it only for callers
+that ask, `spark_session`), ``local[*]`` by default, any master with ``--master``, Spark settings
 passed through. Defaults are the quiet, fast settings measured on a 2-core machine (no UI, no
 console progress, 2 shuffle partitions, no adaptive execution, bound to loopback, a 2 GB
 driver, the FAIR scheduler for the rounds, recovery and sink pools, Python workers over Unix
-domain sockets, the driver JVM's client compiler only); a ``spark.*`` setting given by the
-caller replaces any of them. The driver maps the class archive of class_archive.py when it
+domain sockets, the driver JVM's client compiler only, on a local master a workers' daemon
+importing pyspark compiled: daemon.py); a ``spark.*`` setting given by the caller replaces any
+of them. The driver maps the class archive of class_archive.py when it
 exists (a session gets to its first results 4-7 s sooner).
 """
 
