@@ -55,7 +55,9 @@ Figures per system:
   own clock from its first turn after registering;
 - ``sparkpoint_idle``: what the same job costs per second with nothing to process (an empty
   topic that stays open: rounds reading nothing, a checkpoint a second, heartbeats), cores busy
-  by role over 10 s;
+  by role over 10 s; the scale model's serial part less that cost per second over the run
+  (``serial_fraction_less_the_cost_of_running``) is the lower bound of the serial fraction,
+  ``serial_fraction`` the upper one (`less_the_cost_of_running`);
 - exact: the whole output topic read back (to its true end offsets) holds exactly one record
   per input record, each the right running sum (none missing, duplicated or wrong), and the last
   sum of every user equals its total computed here in plain Python (spark-agg: every sum right,
@@ -733,6 +735,37 @@ def scale_model(result: dict[str, Any], records: int) -> dict[str, Any]:
     }
 
 
+def less_the_cost_of_running(result: dict[str, Any], idle: dict[str, Any]) -> dict[str, Any]:
+    """The scale model's bracket: the serial part less what the driver spends per second with
+    nothing to process (the idle run's cores busy in the serial roles, over this run's seconds).
+    Such a cost is not serial work as Amdahl's law has it (a faster cluster spends it over a
+    shorter run), but on two cores a run's length and its rounds do not change, so it cannot be
+    told apart from the driver's work per round. The idle run's empty rounds count in its cost
+    per second too, so the fraction left is a lower bound, the measured ``serial_fraction`` the
+    upper one."""
+    model = result["scale_model"]
+    roles = result["cpu"]["by_role_excluding_startup"]
+    seconds = result["seconds_excluding_startup"]
+    busy = idle["cores_busy_by_role"]
+    serial = sum(roles.get(role, 0.0) for role in model["serial_roles"])
+    per_second = sum(busy.get(role, 0.0) for role in model["serial_roles"])
+    parallel = sum(roles.get(role, 0.0) for role in model["parallel_roles"])
+    left = max(0.0, serial - per_second * seconds)
+    fraction = left / (left + parallel)
+    return {
+        "driver_cores_busy_idle": round(per_second, 4),
+        "serial_cpu_seconds_less_the_cost_of_running": round(left, 3),
+        "serial_fraction_less_the_cost_of_running": round(fraction, 4),
+        "amdahl_speedup_less_the_cost_of_running": {
+            str(n): round(1 / (fraction + (1 - fraction) / n), 2) for n in EXECUTORS
+        },
+        "less_the_cost_of_running_as": "the serial CPU less the idle run's cores busy in the "
+        "serial roles times this run's seconds (excluding start-up): a lower bound of the "
+        "serial fraction (the idle run's empty rounds count in its cost per second), "
+        "serial_fraction the upper one",
+    }
+
+
 def beside_a_coordinator(bootstrap: str, root: Path, job: Callable[[], Run]) -> tuple[Run, TreeCpu]:
     """Runs a sparkpoint job (``job``) against a coordinator process of its own, whose CPU is
     sampled meanwhile; returns the run and those samples."""
@@ -772,6 +805,7 @@ def idle_rates(bootstrap: str, root: Path, timeout_s: float) -> dict[str, Any]:
     busy["coordinator"] = (coordinator_cpu.at(until) - coordinator_cpu.at(since)) / seconds
     return {
         "seconds": round(seconds, 2),
+        "rounds": run.figures["rounds"],
         "cores_busy_by_role": {role: round(value, 4) for role, value in sorted(busy.items())},
         "measured_as": "the peers job on an empty topic that stays open (checkpoints every 1 s, "
         "unaligned, exactly-once sink), from 3 s after its first turn; the job process by "
@@ -856,6 +890,14 @@ def goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "amdahl_speedup_with_coordinator"
         ]["32"],
     }
+    if "serial_fraction_less_the_cost_of_running" in ours["scale_model"]:
+        bound = ours["scale_model"]["serial_fraction_less_the_cost_of_running"]
+        found["serial_fraction"] |= {
+            "lower_bound_less_the_cost_of_running": bound,
+            "predicted_speedup_at_32_at_the_lower_bound": ours["scale_model"][
+                "amdahl_speedup_less_the_cost_of_running"
+            ]["32"],
+        }
     if "sparkpoint-jobs" in results:  # executors of a cluster take a Spark job per round
         jobs = results["sparkpoint-jobs"]["scale_model"]
         found["serial_fraction"] |= {
@@ -977,6 +1019,9 @@ def main() -> None:
             print("sparkpoint: idle run (an empty topic, checkpoints every second)")
             idle = idle_rates(broker.bootstrap, root, options.timeout)
             print(f"sparkpoint idle, cores busy by role: {idle['cores_busy_by_role']}")
+            results["sparkpoint"]["scale_model"] |= less_the_cost_of_running(
+                results["sparkpoint"], idle
+            )
     print(table(results))
     if options.keep:
         print(f"kept {root}")

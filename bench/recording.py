@@ -263,7 +263,9 @@ class TreeCpu:
 
     Each process counts its own user + system time as last seen (a process that ends between
     two samples loses at most one interval of it; `finish` takes the exact total from the
-    kernel when the caller reaps the root). ``role`` names each process by its command line, and
+    kernel when the caller reaps the root). A process that ended and is not yet reaped shows no
+    command line and keeps the role it had (its CPU would otherwise move to another role: the
+    Spark workers' 1.5 s to the job process's, on 2026-11-30). ``role`` names each process by its command line, and
     the threads of a process whose role is in ``split_threads`` are counted apart by
     ``thread_role`` of their names (a Spark JVM in local mode is driver and executor at once).
     ``timeline`` holds (monotonic time, seconds by role so far) per sample, so a caller can
@@ -302,7 +304,11 @@ class TreeCpu:
                 seconds = cpu_seconds(Path(f"/proc/{pid}/stat"))
             except OSError:
                 continue
-            role = self.role(pid, command.decode(errors="replace"))
+            known = self.processes.get(pid)
+            if known is not None and not command.strip():
+                role = known[0]  # ended and not yet reaped: no command line, its CPU still there
+            else:
+                role = self.role(pid, command.decode(errors="replace"))
             self.processes[pid] = (role, seconds)
             if role in self.split_threads:
                 self._sample_threads(pid, role)

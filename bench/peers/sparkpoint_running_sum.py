@@ -151,9 +151,9 @@ def idle(args: argparse.Namespace) -> None:
     if not turned.wait(300):
         raise SystemExit(f"job {job.id} did not start within 300 s")
     time.sleep(SETTLE_S)
-    idle_from, cpu_from = time.monotonic(), time.process_time()
+    idle_from, cpu_from, rounds_from = time.monotonic(), time.process_time(), agent.stages.rounds
     time.sleep(args.idle_seconds)
-    idle_to, cpu_to = time.monotonic(), time.process_time()
+    idle_to, cpu_to, rounds_to = time.monotonic(), time.process_time(), agent.stages.rounds
     agent.stop()
     running.join(120)
     report(
@@ -162,6 +162,7 @@ def idle(args: argparse.Namespace) -> None:
             "idle_from": idle_from,
             "idle_to": idle_to,
             "process_cpu_seconds": round(cpu_to - cpu_from, 3),
+            "rounds": rounds_to - rounds_from,
             "status": agent.status.name,
         }
     )
