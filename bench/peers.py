@@ -56,8 +56,8 @@ Figures per system:
 - ``sparkpoint_idle``: what the same job costs per second with nothing to process (an empty
   topic that stays open: rounds reading nothing, a checkpoint a second, heartbeats), cores busy
   by role over 10 s; the scale model's serial part less that cost per second over the run
-  (``serial_fraction_less_the_cost_of_running``) is the lower bound of the serial fraction,
-  ``serial_fraction`` the upper one (`less_the_cost_of_running`);
+  (``serial_fraction_less_the_cost_of_running``) estimates the fraction without the driver's
+  cost of running, which Amdahl's law does not count as serial (`less_the_cost_of_running`);
 - exact: the whole output topic read back (to its true end offsets) holds exactly one record
   per input record, each the right running sum (none missing, duplicated or wrong), and the last
   sum of every user equals its total computed here in plain Python (spark-agg: every sum right,
@@ -736,13 +736,14 @@ def scale_model(result: dict[str, Any], records: int) -> dict[str, Any]:
 
 
 def less_the_cost_of_running(result: dict[str, Any], idle: dict[str, Any]) -> dict[str, Any]:
-    """The scale model's bracket: the serial part less what the driver spends per second with
-    nothing to process (the idle run's cores busy in the serial roles, over this run's seconds).
-    Such a cost is not serial work as Amdahl's law has it (a faster cluster spends it over a
-    shorter run), but on two cores a run's length and its rounds do not change, so it cannot be
-    told apart from the driver's work per round. The idle run's empty rounds count in its cost
-    per second too, so the fraction left is a lower bound, the measured ``serial_fraction`` the
-    upper one."""
+    """The scale model without the driver's cost of running: the serial part less what the
+    driver spends per second with nothing to process (the idle run's cores busy in the serial
+    roles, over this run's seconds). Such a cost is not serial work as Amdahl's law has it (a
+    faster cluster spends it over a shorter run), and on two cores a run's length and its rounds
+    do not change, so this run alone cannot tell it from the driver's work per round. The idle
+    run plans no round (its ``rounds``), so what is left estimates the driver's work for the
+    rounds and their records, as long as running costs the driver per second what idling does
+    (a checkpoint a second, heartbeats, the control link)."""
     model = result["scale_model"]
     roles = result["cpu"]["by_role_excluding_startup"]
     seconds = result["seconds_excluding_startup"]
@@ -760,9 +761,9 @@ def less_the_cost_of_running(result: dict[str, Any], idle: dict[str, Any]) -> di
             str(n): round(1 / (fraction + (1 - fraction) / n), 2) for n in EXECUTORS
         },
         "less_the_cost_of_running_as": "the serial CPU less the idle run's cores busy in the "
-        "serial roles times this run's seconds (excluding start-up): a lower bound of the "
-        "serial fraction (the idle run's empty rounds count in its cost per second), "
-        "serial_fraction the upper one",
+        "serial roles times this run's seconds (excluding start-up): the driver's work for the "
+        "rounds and their records, if running costs it per second what idling does (the idle "
+        "run plans no round); serial_fraction counts that cost too",
     }
 
 
@@ -891,10 +892,11 @@ def goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         ]["32"],
     }
     if "serial_fraction_less_the_cost_of_running" in ours["scale_model"]:
-        bound = ours["scale_model"]["serial_fraction_less_the_cost_of_running"]
+        left = ours["scale_model"]["serial_fraction_less_the_cost_of_running"]
         found["serial_fraction"] |= {
-            "lower_bound_less_the_cost_of_running": bound,
-            "predicted_speedup_at_32_at_the_lower_bound": ours["scale_model"][
+            "less_the_cost_of_running": left,
+            "met_less_the_cost_of_running": left <= SERIAL_FRACTION_GOAL,
+            "predicted_speedup_at_32_less_the_cost_of_running": ours["scale_model"][
                 "amdahl_speedup_less_the_cost_of_running"
             ]["32"],
         }
