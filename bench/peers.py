@@ -54,7 +54,7 @@ Figures per system:
   apart (``serial_fraction_with_coordinator`` counts it too); sparkpoint's job process by its
   own clock from its first turn after registering;
 - ``sparkpoint_idle``: what the same job costs per second with nothing to process (an empty
-  topic that stays open: rounds reading nothing, a checkpoint a second, heartbeats), cores busy
+  topic that stays open: no round while nothing arrives, a checkpoint a second, heartbeats), cores busy
   by role over 10 s; the scale model's serial part less that cost per second over the run
   (``serial_fraction_less_the_cost_of_running``) estimates the fraction without the driver's
   cost of running, which Amdahl's law does not count as serial (`less_the_cost_of_running`);
@@ -781,7 +781,8 @@ def beside_a_coordinator(bootstrap: str, root: Path, job: Callable[[], Run]) -> 
 
 def idle_rates(bootstrap: str, root: Path, timeout_s: float) -> dict[str, Any]:
     """sparkpoint's cost per second of running with nothing to process: the peers job on an
-    empty topic that stays open (its rounds read nothing, a checkpoint every second), measured
+    empty topic that stays open (no round planned while nothing arrives, a checkpoint every
+    second), measured
     over `IDLE_SECONDS` once its first checkpoints are behind it. CPU per second by role (cores
     busy), the job process's by its own clock, the others over the same span from their
     samples."""

@@ -263,11 +263,12 @@ class TreeCpu:
 
     Each process counts its own user + system time as last seen (a process that ends between
     two samples loses at most one interval of it; `finish` takes the exact total from the
-    kernel when the caller reaps the root). A process that ended and is not yet reaped shows no
-    command line and keeps the role it had (its CPU would otherwise move to another role: the
-    Spark workers' 1.5 s to the job process's, on 2026-11-30). ``role`` names each process by its command line, and
-    the threads of a process whose role is in ``split_threads`` are counted apart by
-    ``thread_role`` of their names (a Spark JVM in local mode is driver and executor at once).
+    kernel when the caller reaps the root). ``role`` names each process by its command line; a
+    process that ended and is not yet reaped shows none and keeps the role it had (its CPU
+    would otherwise move to another role: the Spark workers' 1.5 s to the job process's, on
+    2026-11-30). The threads of a process whose role is in ``split_threads`` are counted apart
+    by ``thread_role`` of their names (a Spark JVM in local mode is driver and executor at
+    once).
     ``timeline`` holds (monotonic time, seconds by role so far) per sample, so a caller can
     leave out a start-up (`at`, `roles_at`)."""
 
