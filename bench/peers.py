@@ -782,10 +782,9 @@ def beside_a_coordinator(bootstrap: str, root: Path, job: Callable[[], Run]) -> 
 def idle_rates(bootstrap: str, root: Path, timeout_s: float) -> dict[str, Any]:
     """sparkpoint's cost per second of running with nothing to process: the peers job on an
     empty topic that stays open (no round planned while nothing arrives, a checkpoint every
-    second), measured
-    over `IDLE_SECONDS` once its first checkpoints are behind it. CPU per second by role (cores
-    busy), the job process's by its own clock, the others over the same span from their
-    samples."""
+    second), measured over `IDLE_SECONDS` once its first checkpoints are behind it. CPU per
+    second by role (cores busy), the job process's by its own clock, the others over the same
+    span from their samples."""
     topic, output = "peers-idle-in", "peers-idle-out"
     create_topic(bootstrap, topic)
     create_topic(bootstrap, output)
