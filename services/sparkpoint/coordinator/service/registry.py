@@ -278,9 +278,12 @@ class JobRegistry:
             registration.attempt, partition, len(core.job.subtasks), core.counter.get(),
         )  # fmt: skip
         now = started.now_ms
-        # the holder, durable in the same transaction as its acceptance
+        # the holder, durable in the same transaction as its acceptance; the record first: an
+        # agent confirms a new owner's epoch by reading it, and the abort notices a takeover owes
+        # carry that epoch (a broker that shows open transactions, as the embedded one does,
+        # let an agent read a notice before the record and drop it, its checkpoint then pending)
         answer: list[Event] = [] if adopted else [self._response(job, registration, ACCEPT)]
-        self.publisher.publish(job, [*started.left_pending, core.store_record(now), *answer])
+        self.publisher.publish(job, [core.store_record(now), *started.left_pending, *answer])
         self.execute(job, core.start(now))
         return job
 
