@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkpoint.agent.checkpointing.barriers import Aligning, Snapshotted, first_state
+from sparkpoint.agent.checkpointing.barriers import (
+    Aligning,
+    Snapshotted,
+    first_state,
+    next_switch_ms,
+)
 from sparkpoint.agent.recovery.channel_state import ChannelStateFile, assign
 from sparkpoint.common.events import SnapshotType, TriggerCheckpoint
 from sparkpoint.common.keygroups import key_group_range
@@ -59,6 +64,17 @@ def test_the_aligned_timeout_switches_to_unaligned_only_when_it_runs_out() -> No
     assert state.on_round(control, 1_499) is state
     assert state.on_round(control, 1_500) == Snapshotted(7)
     assert control.snapshots == [(7, True)]
+
+
+def test_the_loop_wakes_for_the_soonest_switch_to_unaligned() -> None:
+    # nothing else wakes the job's loop for an aligned checkpoint's timeout (JobLoop.wait_s)
+    control = Control()
+    with_timeout = first_state(trigger(True, 500, checkpoint_id=8), 1_000, control)
+    later = first_state(trigger(True, 900, checkpoint_id=9), 1_000, control)
+    waiting = first_state(trigger(False, None, checkpoint_id=10), 1_000, control)
+    assert next_switch_ms([later, None, with_timeout, waiting, Snapshotted(7)]) == 1_500
+    assert next_switch_ms([waiting, Snapshotted(7), None]) is None
+    assert next_switch_ms([]) is None
 
 
 def test_aligned_before_the_timeout_snapshots_aligned() -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
+from sparkpoint.agent.sinks import EpochCommitter
 from sparkpoint.agent.wakeup import Wakeup, WakingPool
 
 
@@ -63,3 +66,27 @@ def test_a_failed_future_wakes_the_loop_too() -> None:
         assert isinstance(future.exception(), RuntimeError)
     finally:
         pool.shutdown(wait=True)
+
+
+class FailingSink:
+    """A sink whose commits fail (what `EpochCommitter` calls of a `SinkWriter`)."""
+
+    writes_ahead = False
+
+    def publish_epoch(self, epoch: int, outputs: list[str]) -> int:
+        raise OSError(f"epoch {epoch}: the broker refused the commit")
+
+
+def test_a_failed_commit_wakes_the_loop_which_then_raises_it() -> None:
+    # nothing else would: the loop sleeps while a round runs until something it waits for ends
+    wakeup = Wakeup()
+    committer = EpochCommitter(FailingSink(), "job")  # type: ignore[arg-type]
+    try:
+        committer.listen(wakeup.set)
+        committer.check()  # nothing failed yet
+        committer.submit(3, [], delete=False)
+        assert wakeup.wait(10)
+        with pytest.raises(RuntimeError, match="committing a sink epoch failed: epoch 3"):
+            committer.check()
+    finally:
+        committer.close()

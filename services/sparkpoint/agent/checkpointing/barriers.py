@@ -20,6 +20,7 @@ cut of the channels (`earliest_cut`), any other after everything queued.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,6 +74,15 @@ class Snapshotted:
 
 
 BarrierState = Aligning | Snapshotted
+
+
+def next_switch_ms(states: Iterable[BarrierState | None]) -> float | None:
+    """The soonest moment (monotonic ms) one of these barriers goes unaligned if it is not
+    aligned by then (its aligned checkpoint timeout); None when none would."""
+    return min(
+        (s.switch_at_ms for s in states if isinstance(s, Aligning) and s.switch_at_ms is not None),
+        default=None,
+    )
 
 
 def unaligned_allowed(trigger: TriggerCheckpoint) -> bool:

@@ -28,7 +28,12 @@ from typing import Any
 from fsspec.core import url_to_fs
 
 from sparkpoint.agent.checkpointing.acks import Acknowledgements
-from sparkpoint.agent.checkpointing.barriers import first_state, place_barriers, unaligned_allowed
+from sparkpoint.agent.checkpointing.barriers import (
+    first_state,
+    next_switch_ms,
+    place_barriers,
+    unaligned_allowed,
+)
 from sparkpoint.agent.checkpointing.copies import (
     Fold,
     SubtaskCopy,
@@ -268,6 +273,11 @@ class SubtaskCheckpointer:
             pending.barrier = pending.barrier.on_round(self, now_ms)
             if not pending.snapshotted:
                 return
+
+    def next_switch_ms(self) -> float | None:
+        """When the next pending checkpoint still aligning goes unaligned (`next_switch_ms`):
+        nothing wakes the loop for it, so its sleep ends then (`JobLoop.wait_s`)."""
+        return next_switch_ms(p.barrier for p in self.pending.values())
 
     def aligned(self, checkpoint_id: int) -> bool:
         # restored segments still waiting to enter a channel precede every barrier

@@ -157,12 +157,17 @@ class EpochCommitter:
         self._error: BaseException | None = None
         self.published_through = 0
         """The newest epoch this committer made visible (epochs are published in order)."""
+        self._wake: Callable[[], None] = lambda: None
         self._thread = threading.Thread(target=self._run, name=f"commit-{job_id}", daemon=True)
         self._thread.start()
 
     @property
     def writes_ahead(self) -> bool:
         return self.sink.writes_ahead
+
+    def listen(self, wake: Callable[[], None]) -> None:
+        """``wake`` is called when a commit fails (the job's loop then raises it at once)."""
+        self._wake = wake
 
     def write_ahead(self, outputs: list[str]) -> None:
         """Staged files into the sink's open transaction, after the epochs submitted before."""
@@ -189,6 +194,7 @@ class EpochCommitter:
                         delete_files(outputs)
             except BaseException as exc:  # kept for the loop: it fails the job loudly
                 self._error = exc
+                self._wake()
             finally:
                 self._queue.task_done()
 
