@@ -1,6 +1,7 @@
 """What the agent believes of its control events (services/sparkpoint/agent/control/membership.py), on a fake clock:
 an event's claim of a newer coordinator epoch stands only when the coordinator's durable record
-confirms it, so a forged epoch cannot make the agent deaf to the coordinator that drives it."""
+confirms it, so a forged epoch cannot make the agent deaf to the coordinator that drives it; an
+event the record does not confirm yet is held until it does, in order, or for `HOLD_S`."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import threading
 import pytest
 
 from sparkpoint.agent.control import membership as membership_module
-from sparkpoint.agent.control.membership import EPOCH_CHECK_S, Membership
+from sparkpoint.agent.control.membership import EPOCH_CHECK_S, HELD_MOST, HOLD_S, Membership
 from sparkpoint.common.events import (
     CancelJob,
+    CheckpointFailureReason,
     CheckpointStoreRecord,
+    NotifyCheckpointAborted,
     NotifyCheckpointComplete,
     SnapshotType,
     TriggerCheckpoint,
@@ -79,12 +82,70 @@ def test_a_new_owner_confirmed_by_the_record_is_believed() -> None:
     assert record.reads == 1  # confirmed once
 
 
+def aborted(epoch: int, checkpoint_id: int = 3) -> NotifyCheckpointAborted:
+    reason = CheckpointFailureReason.CHECKPOINT_COORDINATOR_SUSPEND  # what a takeover sends
+    return NotifyCheckpointAborted(JOB, epoch, checkpoint_id, reason, 0, agent_id=AGENT, attempt=0)
+
+
+def test_a_new_owner_s_events_read_before_its_record_are_heard_once_the_record_shows_it() -> None:
+    """A new owner publishes its record and its first events in one transaction; a broker
+    that shows open transactions (the embedded one) or puts the record's partition behind the
+    control partition shows the events first. Held, not dropped: a dropped abort notice left
+    its checkpoint pending for good."""
+    record, clock = Record(owner_epoch=1), Clock()
+    member = membership(record, clock)
+    assert member.heard([aborted(2, checkpoint_id=3), trigger(2, checkpoint_id=4)]) == []
+    assert member.owner_epoch == 1 and len(member.held) == 2 and record.reads == 1
+    record.owner_epoch = 2  # the record arrives
+    assert member.heard([]) == [], "the record is read again only once the period has passed"
+    clock.now += EPOCH_CHECK_S
+    later = trigger(2, checkpoint_id=5)
+    assert member.heard([later]) == [aborted(2, checkpoint_id=3), trigger(2, 4), later]
+    assert member.owner_epoch == 2 and member.held == [] and record.reads == 2
+
+
+def test_events_held_behind_ones_of_their_epoch_keep_their_order() -> None:
+    """Once held events wait, a later event of the same epoch waits behind them, even if the
+    record confirms that epoch when it comes."""
+    record, clock = Record(owner_epoch=1), Clock()
+    member = membership(record, clock)
+    assert member.heard([aborted(2)]) == []
+    record.owner_epoch = 2
+    clock.now += EPOCH_CHECK_S
+    assert not member.hears(trigger(2, checkpoint_id=4)), "held behind the abort notice"
+    assert record.reads == 1, "and the record not read for it"
+    assert member.heard([]) == [aborted(2), trigger(2, 4)]
+
+
+def test_a_forged_epoch_s_events_are_dropped_once_held_long_enough() -> None:
+    record, clock = Record(owner_epoch=1), Clock()
+    member = membership(record, clock)
+    assert member.heard([trigger(2**62)]) == []
+    clock.now += HOLD_S - 0.1
+    assert member.heard([trigger(1)]) == [trigger(1)]  # the real coordinator meanwhile
+    assert len(member.held) == 1
+    clock.now += 0.1
+    assert member.heard([]) == [] and member.held == []
+    assert member.owner_epoch == 1
+
+
+def test_held_events_of_an_earlier_attempt_are_dropped() -> None:
+    record, clock = Record(owner_epoch=1), Clock()
+    member = membership(record, clock)
+    assert member.heard([aborted(2)]) == []
+    member.attempt = 1  # the job restarted meanwhile
+    record.owner_epoch = 2
+    clock.now += EPOCH_CHECK_S
+    assert member.heard([]) == [] and member.held == []
+
+
 def test_a_flood_of_forged_epochs_reads_the_record_once_per_period() -> None:
     record, clock = Record(owner_epoch=1), Clock()
     member = membership(record, clock)
     for i in range(1000):
-        assert not member.hears(trigger(2**62 + i))
+        assert member.heard([trigger(2**62 + i)]) == []
     assert record.reads == 1
+    assert len(member.held) == HELD_MOST  # the newest kept, at most
     clock.now += EPOCH_CHECK_S
     record.owner_epoch = 2  # meanwhile a real failover
     assert member.hears(trigger(2))

@@ -94,21 +94,18 @@ class ControlLink:
 
     def read(self, timeout_s: float) -> list[object]:
         """The job's control events that arrived (within ``timeout_s`` when no reader runs:
-        then this polls), addressed to this agent's attempt (`Membership.hears`: raises
-        `Superseded` when taken over)."""
+        then this polls), addressed to this agent's attempt, with those held until the
+        coordinator's record confirmed their epoch (`Membership.heard`: raises `Superseded`
+        when taken over)."""
         if self.control is None:
             return []
         if self.reader is not None:
             records = self.reader.take(CONTROL_BATCH)
         else:
             records = self.control.poll(timeout_s, CONTROL_BATCH)
-        return [
-            record.event
-            for record in records
-            if record.key == self.job_id
-            and record.event is not None
-            and self.membership.hears(record.event)
-        ]
+        return self.membership.heard(
+            [r.event for r in records if r.key == self.job_id and r.event is not None]
+        )
 
     def announce(
         self,

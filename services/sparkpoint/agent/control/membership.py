@@ -20,7 +20,10 @@ execution attempt).
    as are events from an older coordinator epoch. A newer epoch is believed only when the
    coordinator's durable record of the job confirms it (a new owner writes that record before it
    sends anything to the agent), so one forged event cannot make the agent deaf to the real
-   coordinator. Seeing another agent accepted for the job
+   coordinator. An event the record does not confirm yet is held, not dropped, and heard in
+   order once it does (the record and the events share a transaction, but they lie in two
+   partitions, and a broker that shows open transactions shows them as they come), or dropped
+   after `HOLD_S`. Seeing another agent accepted for the job
    means this one was taken over (it was paused past its lease): it stops at once, without a word
    on the job's status, which is no longer its to give.
 """
@@ -60,8 +63,15 @@ coordinator's durable record (a flood of forged announcements costs one read per
 EPOCH_CHECK_S = 0.5
 """How often a control event's claim of a newer coordinator epoch may be checked against the
 coordinator's durable record: a flood of forged epochs costs two reads a second, and a real new
-owner's event that falls within the period is lost at most (its checkpoint expires and is
-triggered again)."""
+owner's event read before its record waits a period at most (held: `HOLD_S`)."""
+
+HOLD_S = 10.0
+"""How long a control event claiming a coordinator epoch the record does not confirm yet is held,
+to be heard once it does: a real new owner's record is there within a read or two, a forged
+epoch's never is."""
+
+HELD_MOST = 64
+"""Held events kept at most (the newest): a flood of forged epochs costs no more memory."""
 
 WAIT_REPORT_S = 10.0
 """How often a registration still waiting for an answer says so."""
@@ -118,6 +128,9 @@ class Membership:
         """When the durable record was last read, per purpose (`_read_record`)."""
         self.confirmed_epoch = 0
         """The newest coordinator epoch the durable record has confirmed."""
+        self.held: list[tuple[float, ControlEvent]] = []
+        """Events claiming an epoch the record did not confirm yet, as they came (`heard`), with
+        when they were held."""
         self._beating = threading.Event()
         self._heart_stopped = threading.Event()
         """Set by `stop_heartbeats`: the beat thread's wait between beats ends at once (a job's
@@ -269,8 +282,38 @@ class Membership:
 
     # --- hearing control events --------------------------------------------------------------
 
+    def heard(self, events: list[object]) -> list[object]:
+        """The control events of this job, read in this order, that are for this agent's
+        current attempt: those held before whose epoch the record now confirms first (in the
+        order they came), then these (`hears`); raises `Superseded` when another agent was
+        accepted for the job."""
+        released = self._released()
+        return [*released, *(event for event in events if self.hears(event))]
+
+    def _released(self) -> list[object]:
+        if not self.held:
+            return []
+        now = self.clock()
+        for since, event in [h for h in self.held if now - h[0] >= HOLD_S]:
+            self._drop(event, f"held {now - since:.1f} s")
+        self.held = [h for h in self.held if now - h[0] < HOLD_S]
+        if not self.held:
+            return []
+        self._epoch_confirmed(max(e.owner_epoch for _, e in self.held))  # a read, when one is due
+        ready = [event for _, event in self.held if event.owner_epoch <= self.confirmed_epoch]
+        self.held = [h for h in self.held if h[1].owner_epoch > self.confirmed_epoch]
+        return [event for event in ready if self.hears(event)]
+
+    def _drop(self, event: ControlEvent, why: str) -> None:
+        log.warning(
+            "job %s: control event claims coordinator epoch %d, which the coordinator's record "
+            "does not confirm (confirmed: %d, %s); dropped",
+            self.job_id, event.owner_epoch, self.confirmed_epoch, why,
+        )  # fmt: skip
+
     def hears(self, event: object) -> bool:
-        """Whether a control event of this job is for this agent's current attempt; raises
+        """Whether a control event of this job is for this agent's current attempt (one
+        claiming an epoch the record does not confirm yet is held: `heard`); raises
         `Superseded` when another agent was accepted for the job."""
         if isinstance(event, RegistrationResponse):
             if event.accepted and event.agent_id != self.agent_id and self._taken_over():
@@ -300,15 +343,19 @@ class Membership:
         if event.owner_epoch < self.owner_epoch:
             log.info("job %s: control event from an older coordinator epoch dropped", self.job_id)
             return False
-        if event.owner_epoch > self.owner_epoch and not self._epoch_confirmed(event.owner_epoch):
-            log.warning(
-                "job %s: control event claims coordinator epoch %d, which the coordinator's "
-                "record does not confirm (confirmed: %d); dropped",
-                self.job_id, event.owner_epoch, self.confirmed_epoch,
-            )  # fmt: skip
+        if event.owner_epoch > self.owner_epoch and (
+            any(e.owner_epoch <= event.owner_epoch for _, e in self.held)  # behind them
+            or not self._epoch_confirmed(event.owner_epoch)
+        ):
+            self._hold(event)
             return False
         self.owner_epoch = event.owner_epoch
         return True
+
+    def _hold(self, event: ControlEvent) -> None:
+        if len(self.held) >= HELD_MOST:
+            self._drop(self.held.pop(0)[1], f"more than {HELD_MOST} held")
+        self.held.append((self.clock(), event))
 
     def _epoch_confirmed(self, epoch: int) -> bool:
         """Whether the durable record of the job (written by a new owner before its first
