@@ -55,9 +55,10 @@ Figures per system:
   own clock from its first turn after registering;
 - ``sparkpoint_idle``: what the same job costs per second with nothing to process (an empty
   topic that stays open: no round while nothing arrives, a checkpoint a second, heartbeats), cores busy
-  by role over 10 s; the scale model's serial part less that cost per second over the run
-  (``serial_fraction_less_the_cost_of_running``) estimates the fraction without the driver's
-  cost of running, which Amdahl's law does not count as serial (`less_the_cost_of_running`);
+  by role over 10 s, and its loop thread's apart; the scale model's serial part less that
+  cost per second besides the loop over the run (``serial_fraction_less_the_cost_of_running``)
+  estimates the fraction without the driver's cost of running, which Amdahl's law does not
+  count as serial (`less_the_cost_of_running`);
 - exact: the whole output topic read back (to its true end offsets) holds exactly one record
   per input record, each the right running sum (none missing, duplicated or wrong), and the last
   sum of every user equals its total computed here in plain Python (spark-agg: every sum right,
@@ -632,6 +633,7 @@ def run_system(
     if ours:
         result["restarts"] = run.figures["restarts"]
         result["rounds"] = run.figures["rounds"]
+        result["loop_cpu_seconds"] = run.figures["loop_cpu_seconds_after_start"]
         first = run.figures["first_processed"]
         result["first_processed_seconds"] = round(first - run.launched, 2) if first else None
         result["scale_model"] = scale_model(result, records)
@@ -737,33 +739,51 @@ def scale_model(result: dict[str, Any], records: int) -> dict[str, Any]:
 
 def less_the_cost_of_running(result: dict[str, Any], idle: dict[str, Any]) -> dict[str, Any]:
     """The scale model without the driver's cost of running: the serial part less what the
-    driver spends per second with nothing to process (the idle run's cores busy in the serial
-    roles, over this run's seconds). Such a cost is not serial work as Amdahl's law has it (a
-    faster cluster spends it over a shorter run), and on two cores a run's length and its rounds
-    do not change, so this run alone cannot tell it from the driver's work per round. The idle
-    run plans no round (its ``rounds``), so what is left estimates the driver's work for the
-    rounds and their records, as long as running costs the driver per second what idling does
-    (a checkpoint a second, heartbeats, the control link)."""
+    driver spends per second besides its job's loop with nothing to process (the idle run's
+    cores busy in the serial roles, less its loop thread's, over this run's seconds): the
+    control link, heartbeats, librdkafka's threads, the driver JVM's. Such a cost is not serial
+    work as Amdahl's law has it (a faster cluster spends it over a shorter run), and on two cores
+    a run's length and its rounds do not change, so this run alone cannot tell it from the
+    driver's work per round.
+
+    The loop's own CPU stays serial whole: it plans, hands out and collects the rounds, but idle
+    it also looks for new input every 50 ms (a list of offsets each time), which a busy loop
+    does once a round; counted as a cost of running, that polling took off more than a busy
+    driver spends on it (the first version of this estimate took off the idle loop too). What
+    is left estimates the driver's work for the rounds, their records and the checkpoints'
+    handling in the loop, as long as its other threads cost per second running what they cost
+    idle."""
     model = result["scale_model"]
     roles = result["cpu"]["by_role_excluding_startup"]
     seconds = result["seconds_excluding_startup"]
     busy = idle["cores_busy_by_role"]
     serial = sum(roles.get(role, 0.0) for role in model["serial_roles"])
-    per_second = sum(busy.get(role, 0.0) for role in model["serial_roles"])
+    driver = sum(busy.get(role, 0.0) for role in model["serial_roles"])
+    per_second = max(0.0, driver - idle["loop_cores_busy"])
     parallel = sum(roles.get(role, 0.0) for role in model["parallel_roles"])
     left = max(0.0, serial - per_second * seconds)
     fraction = left / (left + parallel)
+    loop = result.get("loop_cpu_seconds")
     return {
-        "driver_cores_busy_idle": round(per_second, 4),
+        "driver_cores_busy_idle": round(driver, 4),
+        "loop_cores_busy_idle": idle["loop_cores_busy"],
+        "driver_cores_busy_idle_besides_the_loop": round(per_second, 4),
+        "loop_cpu_seconds": loop,
+        "loop_cpu_ms_per_round": round(loop / max(1, int(result["rounds"])) * 1000, 1)
+        if loop is not None
+        else None,
         "serial_cpu_seconds_less_the_cost_of_running": round(left, 3),
         "serial_fraction_less_the_cost_of_running": round(fraction, 4),
         "amdahl_speedup_less_the_cost_of_running": {
             str(n): round(1 / (fraction + (1 - fraction) / n), 2) for n in EXECUTORS
         },
-        "less_the_cost_of_running_as": "the serial CPU less the idle run's cores busy in the "
-        "serial roles times this run's seconds (excluding start-up): the driver's work for the "
-        "rounds and their records, if running costs it per second what idling does (the idle "
-        "run plans no round); serial_fraction counts that cost too",
+        "less_the_cost_of_running_as": "the serial CPU less, over this run's seconds "
+        "(excluding start-up), what the driver's threads besides the job's loop cost per second "
+        "in the idle run (its cores busy in the serial roles less its loop thread's): the "
+        "driver's work for the rounds, their records and the loop's handling of checkpoints, "
+        "if those other threads cost per second running what they cost idle; the loop's CPU "
+        "stays whole (idle it polls for input, which a busy loop does once a round); "
+        "serial_fraction counts every cost",
     }
 
 
@@ -803,14 +823,17 @@ def idle_rates(bootstrap: str, root: Path, timeout_s: float) -> dict[str, Any]:
     before, after = run.cpu.roles_at(since), run.cpu.roles_at(until)
     busy = {role: (after[role] - before.get(role, 0.0)) / seconds for role in after}
     busy["job-process"] = run.figures["process_cpu_seconds"] / seconds
+    loop = run.figures["loop_cpu_seconds"] / seconds
     busy["coordinator"] = (coordinator_cpu.at(until) - coordinator_cpu.at(since)) / seconds
     return {
         "seconds": round(seconds, 2),
         "rounds": run.figures["rounds"],
         "cores_busy_by_role": {role: round(value, 4) for role, value in sorted(busy.items())},
+        "loop_cores_busy": round(loop, 4),
         "measured_as": "the peers job on an empty topic that stays open (checkpoints every 1 s, "
         "unaligned, exactly-once sink), from 3 s after its first turn; the job process by "
-        "its own clock (process_time), the others from /proc every 0.25 s over the same span",
+        "its own clock (process_time) and its loop thread by that thread's, the others from "
+        "/proc every 0.25 s over the same span",
     }
 
 

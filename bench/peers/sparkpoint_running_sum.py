@@ -101,10 +101,14 @@ def run(args: argparse.Namespace) -> None:
     # this process's CPU (every thread) from its first turn after registering to the end: the
     # driver's part of the scale model, exact (a /proc sample every 0.25 s is not, at a start)
     cpu_at_start: list[float] = []
+    # and the job's loop's own (this thread: `agent.run` turns it here), apart from the
+    # process's other threads (the control link, heartbeats, librdkafka's, the sink's commits)
+    loop_cpu_at_start: list[float] = []
 
     def first_turn(_: Agent) -> None:
         if not cpu_at_start:
             cpu_at_start.append(time.process_time())
+            loop_cpu_at_start.append(time.thread_time())
 
     agent.on_round = first_turn
     stopped = threading.Event()
@@ -112,7 +116,7 @@ def run(args: argparse.Namespace) -> None:
     status = agent.run()
     stopped.set()
     clock.done = time.monotonic()
-    cpu_at_end = time.process_time()
+    cpu_at_end, loop_cpu_at_end = time.process_time(), time.thread_time()
     if status is not JobStatus.FINISHED:
         raise SystemExit(f"job {job.id} ended {status.name}, not FINISHED")
     report(
@@ -123,6 +127,7 @@ def run(args: argparse.Namespace) -> None:
             "start_seconds": agent.start_seconds,
             "first_processed": first_processed[0] if first_processed else None,
             "process_cpu_seconds_after_start": round(cpu_at_end - cpu_at_start[0], 3),
+            "loop_cpu_seconds_after_start": round(loop_cpu_at_end - loop_cpu_at_start[0], 3),
             "rounds": agent.stages.rounds,
             "processed_rows": agent.processed_rows,
             "restarts": agent.restarts,
@@ -141,8 +146,8 @@ SETTLE_S = 3.0
 def idle(args: argparse.Namespace) -> None:
     """The same job on an empty topic that stays open: checkpoints every second, heartbeats,
     the control link, with no record to process. Reports this process's CPU (every thread, its
-    own clock) over ``--idle-seconds`` after `SETTLE_S`, and when that was, so the benchmark
-    can take the other processes' CPU over the same span."""
+    own clock) and its loop thread's over ``--idle-seconds`` after `SETTLE_S`, and when that
+    was, so the benchmark can take the other processes' CPU over the same span."""
     job, agent = agent_of(args, bounded=False)
     turned = threading.Event()
     agent.on_round = lambda _: turned.set()
@@ -151,9 +156,13 @@ def idle(args: argparse.Namespace) -> None:
     if not turned.wait(300):
         raise SystemExit(f"job {job.id} did not start within 300 s")
     time.sleep(SETTLE_S)
+    assert running.ident is not None
+    loop_clock = time.pthread_getcpuclockid(running.ident)
     idle_from, cpu_from, rounds_from = time.monotonic(), time.process_time(), agent.stages.rounds
+    loop_from = time.clock_gettime(loop_clock)
     time.sleep(args.idle_seconds)
     idle_to, cpu_to, rounds_to = time.monotonic(), time.process_time(), agent.stages.rounds
+    loop_to = time.clock_gettime(loop_clock)
     agent.stop()
     running.join(120)
     report(
@@ -162,6 +171,7 @@ def idle(args: argparse.Namespace) -> None:
             "idle_from": idle_from,
             "idle_to": idle_to,
             "process_cpu_seconds": round(cpu_to - cpu_from, 3),
+            "loop_cpu_seconds": round(loop_to - loop_from, 3),
             "rounds": rounds_to - rounds_from,
             "status": agent.status.name,
         }
