@@ -66,14 +66,17 @@ def test_the_aligned_timeout_switches_to_unaligned_only_when_it_runs_out() -> No
     assert control.snapshots == [(7, True)]
 
 
-def test_the_loop_wakes_for_the_soonest_switch_to_unaligned() -> None:
+def test_the_loop_wakes_for_the_first_aligning_barrier_s_switch_to_unaligned() -> None:
     # nothing else wakes the job's loop for an aligned checkpoint's timeout (JobLoop.wait_s)
     control = Control()
-    with_timeout = first_state(trigger(True, 500, checkpoint_id=8), 1_000, control)
-    later = first_state(trigger(True, 900, checkpoint_id=9), 1_000, control)
-    waiting = first_state(trigger(False, None, checkpoint_id=10), 1_000, control)
-    assert next_switch_ms([later, None, with_timeout, waiting, Snapshotted(7)]) == 1_500
-    assert next_switch_ms([waiting, Snapshotted(7), None]) is None
+    first = first_state(trigger(True, 900, checkpoint_id=8), 1_000, control)
+    sooner = first_state(trigger(True, 500, checkpoint_id=9), 1_000, control)
+    waiting = first_state(trigger(False, None, checkpoint_id=7), 1_000, control)
+    assert next_switch_ms([Snapshotted(6), None, first, sooner]) == 1_900
+    # barriers are taken in order: behind one waiting for alignment, a later timeout that has
+    # passed must not end every sleep at once (the loop would turn without pause)
+    assert next_switch_ms([waiting, sooner]) is None
+    assert next_switch_ms([Snapshotted(7), None]) is None
     assert next_switch_ms([]) is None
 
 

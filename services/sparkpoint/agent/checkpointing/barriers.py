@@ -77,12 +77,13 @@ BarrierState = Aligning | Snapshotted
 
 
 def next_switch_ms(states: Iterable[BarrierState | None]) -> float | None:
-    """The soonest moment (monotonic ms) one of these barriers goes unaligned if it is not
-    aligned by then (its aligned checkpoint timeout); None when none would."""
-    return min(
-        (s.switch_at_ms for s in states if isinstance(s, Aligning) and s.switch_at_ms is not None),
-        default=None,
-    )
+    """When the first of these barriers (in checkpoint order) still aligning goes unaligned if
+    it is not aligned by then (its aligned checkpoint timeout, monotonic ms); None when it
+    waits for alignment however long, or none is aligning. Barriers are taken in order, so a
+    later one's timeout matters only once the first is snapshotted: a loop that slept until a
+    later one's passed moment would turn without pause behind an aligned-only first one."""
+    first = next((s for s in states if isinstance(s, Aligning)), None)
+    return None if first is None else first.switch_at_ms
 
 
 def unaligned_allowed(trigger: TriggerCheckpoint) -> bool:

@@ -275,9 +275,9 @@ class SubtaskCheckpointer:
                 return
 
     def next_switch_ms(self) -> float | None:
-        """When the next pending checkpoint still aligning goes unaligned (`next_switch_ms`):
+        """When the oldest pending checkpoint still aligning goes unaligned (`next_switch_ms`):
         nothing wakes the loop for it, so its sleep ends then (`JobLoop.wait_s`)."""
-        return next_switch_ms(p.barrier for p in self.pending.values())
+        return next_switch_ms(self.pending[i].barrier for i in sorted(self.pending))
 
     def aligned(self, checkpoint_id: int) -> bool:
         # restored segments still waiting to enter a channel precede every barrier
