@@ -129,6 +129,34 @@ def test_a_forged_epoch_s_events_are_dropped_once_held_long_enough() -> None:
     assert member.owner_epoch == 1
 
 
+def test_a_held_forged_epoch_costs_a_few_reads_of_the_record_not_one_per_period() -> None:
+    """Each read replays the job's store partition on the loop's thread: while events are held
+    the record is read again later and later (0.5, 1.5, 3.5, 7.5 s after the first was held)."""
+    record, clock = Record(owner_epoch=1), Clock()
+    member = membership(record, clock)
+    assert member.heard([trigger(2**62)]) == []  # the first read, for the event itself
+    reads_at = []
+    while member.held:
+        clock.now += 0.25
+        reads = record.reads
+        assert member.heard([]) == []
+        if record.reads > reads:
+            reads_at.append(clock.now - 100.0)
+    assert reads_at == [0.5, 1.5, 3.5, 7.5] and record.reads == 5
+    assert clock.now == 100.0 + HOLD_S  # dropped once held that long
+
+
+def test_an_event_held_past_its_time_is_still_heard_if_the_record_shows_it_when_looked_at() -> None:
+    """The loop may not read for longer than `HOLD_S` (a restart's back-off): the record is
+    looked at before anything held is dropped."""
+    record, clock = Record(owner_epoch=1), Clock()
+    member = membership(record, clock)
+    assert member.heard([aborted(2)]) == []
+    record.owner_epoch = 2
+    clock.now += HOLD_S + 5
+    assert member.heard([]) == [aborted(2)]
+
+
 def test_held_events_of_an_earlier_attempt_are_dropped() -> None:
     record, clock = Record(owner_epoch=1), Clock()
     member = membership(record, clock)

@@ -67,8 +67,9 @@ owner's event read before its record waits a period at most (held: `HOLD_S`)."""
 
 HOLD_S = 10.0
 """How long a control event claiming a coordinator epoch the record does not confirm yet is held,
-to be heard once it does: a real new owner's record is there within a read or two, a forged
-epoch's never is."""
+to be heard once it does: a real new owner's record is there by the next read (it was published
+with the event), a forged epoch's never is. The record is read for held events 0.5, 1.5, 3.5 and
+7.5 s after the first was held (each read replays the job's store partition)."""
 
 HELD_MOST = 64
 """Held events kept at most (the newest): a flood of forged epochs costs no more memory."""
@@ -131,6 +132,8 @@ class Membership:
         self.held: list[tuple[float, ControlEvent]] = []
         """Events claiming an epoch the record did not confirm yet, as they came (`heard`), with
         when they were held."""
+        self._held_wait = EPOCH_CHECK_S
+        """How long after the last read the record is read again for the held events."""
         self._beating = threading.Event()
         self._heart_stopped = threading.Event()
         """Set by `stop_heartbeats`: the beat thread's wait between beats ends at once (a job's
@@ -291,17 +294,24 @@ class Membership:
         return [*released, *(event for event in events if self.hears(event))]
 
     def _released(self) -> list[object]:
+        """Held events whose epoch the record now confirms (read `EPOCH_CHECK_S` after the
+        first was held, then twice as long after each read that did not); then those held
+        `HOLD_S` are dropped."""
         if not self.held:
             return []
+        newest = max(event.owner_epoch for _, event in self.held)
+        if newest > self.confirmed_epoch:
+            record = self._read_record("held", self._held_wait)
+            if record is not None:
+                self.confirmed_epoch = max(self.confirmed_epoch, record.owner_epoch)
+                if newest > self.confirmed_epoch:
+                    self._held_wait = min(2 * self._held_wait, HOLD_S)
         now = self.clock()
-        for since, event in [h for h in self.held if now - h[0] >= HOLD_S]:
-            self._drop(event, f"held {now - since:.1f} s")
-        self.held = [h for h in self.held if now - h[0] < HOLD_S]
-        if not self.held:
-            return []
-        self._epoch_confirmed(max(e.owner_epoch for _, e in self.held))  # a read, when one is due
         ready = [event for _, event in self.held if event.owner_epoch <= self.confirmed_epoch]
-        self.held = [h for h in self.held if h[1].owner_epoch > self.confirmed_epoch]
+        waiting = [h for h in self.held if h[1].owner_epoch > self.confirmed_epoch]
+        for since, event in [h for h in waiting if now - h[0] >= HOLD_S]:
+            self._drop(event, f"held {now - since:.1f} s")
+        self.held = [h for h in waiting if now - h[0] < HOLD_S]
         return [event for event in ready if self.hears(event)]
 
     def _drop(self, event: ControlEvent, why: str) -> None:
@@ -353,9 +363,12 @@ class Membership:
         return True
 
     def _hold(self, event: ControlEvent) -> None:
+        now = self.clock()
+        if not self.held:  # the record was read for it just now (or is read for it next)
+            self._read_at["held"], self._held_wait = now, EPOCH_CHECK_S
         if len(self.held) >= HELD_MOST:
             self._drop(self.held.pop(0)[1], f"more than {HELD_MOST} held")
-        self.held.append((self.clock(), event))
+        self.held.append((now, event))
 
     def _epoch_confirmed(self, epoch: int) -> bool:
         """Whether the durable record of the job (written by a new owner before its first
