@@ -162,3 +162,40 @@ def test_the_daemon_is_ours_on_a_local_master_only_and_a_setting_of_the_users_wi
     assert daemon.SETTING not in session.session_settings(None, False, "spark://h:7077")[0]
     theirs = {daemon.SETTING: "their.daemon"}
     assert session.session_settings(theirs, False, "local[*]")[0][daemon.SETTING] == "their.daemon"
+
+
+WORKER_WHOSE_JVM_WENT_AWAY = """
+import socket, sys
+from sparkpoint.agent.spark.daemon import quietly_when_the_driver_is_gone
+
+mine, theirs = socket.socketpair()
+theirs.close()  # the JVM's end of the worker's socket: gone
+
+
+def worker(sock, authenticated):  # what PySpark's daemon runs in a forked worker
+    out = sock.makefile("wb")
+    out.write(b"x" * 65536)
+    out.flush()
+    return 0
+
+
+run = quietly_when_the_driver_is_gone(worker) if sys.argv[1] == "quiet" else worker
+run(mine, False)
+print("not reached")
+"""
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["ours", "pyspark's"])
+def test_a_worker_whose_jvm_went_away_ends_without_a_traceback(wrapped: bool) -> None:
+    """An agent that cannot start exits while its workers warm up: a worker then writes to a
+    closed socket. PySpark's daemon would print the broken pipe's traceback after the agent's
+    one-line error; ours ends the worker with the same code, saying nothing."""
+    result = subprocess.run(
+        [sys.executable, "-c", WORKER_WHOSE_JVM_WENT_AWAY, "quiet" if wrapped else "as-is"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1 and result.stdout == ""
+    if wrapped:
+        assert result.stderr == ""
+    else:
+        assert "BrokenPipeError" in result.stderr, "the scenario raises what PySpark would print"

@@ -13,12 +13,19 @@ Any other layout (a Spark distribution, a py4j of another version) keeps Spark's
 
 This module imports nothing of pyspark before it reorders the path; ``import sparkpoint`` is
 cheap (its names load when first used).
+
+A worker whose JVM went away ends without a word (`quietly_when_the_driver_is_gone`): PySpark's
+daemon prints a worker's exception before the worker exits, and when the driver's JVM ends under
+a worker still answering it (an agent that could not start exits while its Python workers warm
+up), that was a broken pipe's traceback after the agent's one-line error.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 MODULE = "sparkpoint.agent.spark.daemon"
 
@@ -54,8 +61,25 @@ def _shipped_with_its_package(entry: str, path: list[str]) -> bool:
     return False
 
 
+def quietly_when_the_driver_is_gone(worker: Callable[..., int]) -> Callable[..., int]:
+    """``worker`` (PySpark's daemon runs one task with it in a forked process), ending that
+    process with the code PySpark's daemon gives a failed worker, but without printing the
+    traceback, when its socket to the JVM is closed: the JVM ended (or gave up on the worker),
+    nobody reads what the worker would say, and the agent said why it stopped."""
+
+    def run(*args: Any) -> int:
+        try:
+            return worker(*args)
+        except (BrokenPipeError, ConnectionResetError):
+            sys.stderr.flush()
+            os._exit(1)
+
+    return run
+
+
 if __name__ == "__main__":
     sys.path[:] = installed_first(sys.path)
-    from pyspark.daemon import manager
+    import pyspark.daemon
 
-    manager()
+    pyspark.daemon.worker = quietly_when_the_driver_is_gone(pyspark.daemon.worker)
+    pyspark.daemon.manager()
