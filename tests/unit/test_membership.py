@@ -87,6 +87,15 @@ def aborted(epoch: int, checkpoint_id: int = 3) -> NotifyCheckpointAborted:
     return NotifyCheckpointAborted(JOB, epoch, checkpoint_id, reason, 0, agent_id=AGENT, attempt=0)
 
 
+def holding_an_abort_notice_of_epoch_2() -> tuple[Record, Clock, Membership]:
+    """A member driven at epoch 1 that read epoch 2's abort notice before the record shows
+    epoch 2: the notice is held."""
+    record, clock = Record(owner_epoch=1), Clock()
+    member = membership(record, clock)
+    assert member.heard([aborted(2)]) == []
+    return record, clock, member
+
+
 def test_a_new_owner_s_events_read_before_its_record_are_heard_once_the_record_shows_it() -> None:
     """A new owner publishes its record and its first events in one transaction; a broker
     that shows open transactions (the embedded one) or puts the record's partition behind the
@@ -107,9 +116,7 @@ def test_a_new_owner_s_events_read_before_its_record_are_heard_once_the_record_s
 def test_events_held_behind_ones_of_their_epoch_keep_their_order() -> None:
     """Once held events wait, a later event of the same epoch waits behind them, even if the
     record confirms that epoch when it comes."""
-    record, clock = Record(owner_epoch=1), Clock()
-    member = membership(record, clock)
-    assert member.heard([aborted(2)]) == []
+    record, clock, member = holding_an_abort_notice_of_epoch_2()
     record.owner_epoch = 2
     clock.now += EPOCH_CHECK_S
     assert not member.hears(trigger(2, checkpoint_id=4)), "held behind the abort notice"
@@ -149,18 +156,14 @@ def test_a_held_forged_epoch_costs_a_few_reads_of_the_record_not_one_per_period(
 def test_an_event_held_past_its_time_is_still_heard_if_the_record_shows_it_when_looked_at() -> None:
     """The loop may not read for longer than `HOLD_S` (a restart's back-off): the record is
     looked at before anything held is dropped."""
-    record, clock = Record(owner_epoch=1), Clock()
-    member = membership(record, clock)
-    assert member.heard([aborted(2)]) == []
+    record, clock, member = holding_an_abort_notice_of_epoch_2()
     record.owner_epoch = 2
     clock.now += HOLD_S + 5
     assert member.heard([]) == [aborted(2)]
 
 
 def test_held_events_of_an_earlier_attempt_are_dropped() -> None:
-    record, clock = Record(owner_epoch=1), Clock()
-    member = membership(record, clock)
-    assert member.heard([aborted(2)]) == []
+    record, clock, member = holding_an_abort_notice_of_epoch_2()
     member.attempt = 1  # the job restarted meanwhile
     record.owner_epoch = 2
     clock.now += EPOCH_CHECK_S

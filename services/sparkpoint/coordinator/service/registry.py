@@ -280,8 +280,8 @@ class JobRegistry:
         now = started.now_ms
         # the holder, durable in the same transaction as its acceptance; the record first: an
         # agent confirms a new owner's epoch by reading it, and the abort notices a takeover owes
-        # carry that epoch (a broker that shows open transactions, as the embedded one does,
-        # let an agent read a notice before the record and drop it, its checkpoint then pending)
+        # carry that epoch (an agent that reads a notice first holds it until the record shows
+        # the epoch, agent/control/membership.py: the record first spares it that wait)
         answer: list[Event] = [] if adopted else [self._response(job, registration, ACCEPT)]
         self.publisher.publish(job, [core.store_record(now), *started.left_pending, *answer])
         self.execute(job, core.start(now))
